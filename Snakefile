@@ -1,0 +1,24 @@
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/tissue_mask.smk"
+include: "workflow/rules/tile_coords.smk"
+
+
+localrules:
+    all,
+
+
+rule all:
+    default_target: True
+    input:
+        cohort_targets(),

@@ -1,0 +1,18 @@
+"""Snakemake script of rule tile_coords: thin glue to slidesnake.stages."""
+
+from slidesnake.jobs import run_job
+from slidesnake.stages import make_tile_coords
+from slidesnake.tiling import TileParams
+
+run_job(
+    lambda: make_tile_coords(
+        slide_path=snakemake.input.slide,
+        slide_id=snakemake.wildcards.slide_id,
+        mask_path=snakemake.input.mask,
+        mask_qc_path=snakemake.input.qc,
+        tiles_path=snakemake.output.tiles,
+        qc_path=snakemake.output.qc,
+        params=TileParams.from_mapping(snakemake.params.tiles),
+    ),
+    log_path=snakemake.log[0],
+)

@@ -1,0 +1,17 @@
+"""Snakemake script of rule tissue_mask: thin glue to slidesnake.stages."""
+
+from slidesnake.jobs import run_job
+from slidesnake.stages import make_tissue_mask
+from slidesnake.tissue import TissueParams
+
+run_job(
+    lambda: make_tissue_mask(
+        slide_path=snakemake.input.slide,
+        slide_id=snakemake.wildcards.slide_id,
+        mask_path=snakemake.output.mask,
+        qc_path=snakemake.output.qc,
+        params=TissueParams.from_mapping(snakemake.params.tissue),
+        sheet_mpp=snakemake.params.mpp,
+    ),
+    log_path=snakemake.log[0],
+)

@@ -1,0 +1,44 @@
+"""Exceptions raised by slidesnake.
+
+Every error about a slide names the slide, what is wrong and what to do, so that a failed
+job in a cohort of thousands is understood from its one-line message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SlidesnakeError(Exception):
+    """Base class of all errors slidesnake raises on purpose."""
+
+
+class SlideError(SlidesnakeError):
+    """A problem with one slide: it fails that slide's job and no other."""
+
+    def __init__(self, slide_id: str, path: str | Path, problem: str, fix: str) -> None:
+        self.slide_id = slide_id
+        self.path = str(path)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"slide '{slide_id}' ({self.path}): {problem}. Fix: {fix}")
+
+
+class SlideOpenError(SlideError):
+    """The file is missing, not a slide, or in a format OpenSlide does not support."""
+
+
+class SlideReadError(SlideError):
+    """The slide opened but its pixels could not be decoded."""
+
+
+class MppError(SlideError):
+    """The slide's microns per pixel are unknown or implausible."""
+
+
+class SampleSheetError(SlidesnakeError):
+    """The sample sheet is malformed: bad ids, duplicates, missing files."""
+
+
+class ConfigError(SlidesnakeError):
+    """The configuration is inconsistent in a way a schema cannot express."""

@@ -1,0 +1,77 @@
+"""Low-resolution views of a slide, read at bounded memory.
+
+Tissue masking needs the whole slide at about 8 µm/px. A pyramid gives that cheaply from a
+reduced level; a slide without one must decode level 0, which we do in strips so memory
+stays bounded whatever the slide size, and say what it costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from slidesnake.slide import Slide
+
+log = logging.getLogger(__name__)
+
+# Bytes of RGBA decoded per read; bounds memory for slides of any size.
+STRIP_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class LowRes:
+    """An RGB picture of the whole slide and how its pixels map to level 0."""
+
+    rgb: np.ndarray
+    level: int
+    scale_x: float  # level-0 px per picture px
+    scale_y: float
+    mpp: float  # µm per picture px
+
+
+def read_lowres(slide: Slide, target_mpp: float) -> LowRes:
+    """The whole slide at about `target_mpp`, never reading level 0 of a pyramid."""
+    level = slide.level_for_mpp(target_mpp)
+    if level == 0 and len(slide.levels) > 1:
+        level = 1  # level 1 is coarser than asked but costs a fraction of level 0
+    if len(slide.levels) == 1:
+        width, height = slide.dimensions
+        log.warning(
+            "slide '%s' has no reduced-resolution level: masking decodes all %.0f Mpx of "
+            "level 0 (a pyramidal export of the slide avoids this)",
+            slide.slide_id,
+            width * height / 1e6,
+        )
+    factor = max(1, round(target_mpp / slide.level_mpp(level)))
+    rgb = _read_binned(slide, level, factor)
+    lv = slide.levels[level]
+    w0, h0 = slide.dimensions
+    scale_x = factor * w0 / lv.width
+    scale_y = factor * h0 / lv.height
+    return LowRes(rgb, level, scale_x, scale_y, slide.mpp * (scale_x + scale_y) / 2)
+
+
+def _read_binned(slide: Slide, level: int, factor: int) -> np.ndarray:
+    """Read `level` in horizontal strips, each averaged over factor x factor blocks."""
+    lv = slide.levels[level]
+    out_w, out_h = lv.width // factor, lv.height // factor
+    rows_per_strip = max(1, STRIP_BYTES // (4 * lv.width * factor)) * factor
+    strips = []
+    for top in range(0, out_h * factor, rows_per_strip):
+        rows = min(rows_per_strip, out_h * factor - top)
+        y0 = round(top * lv.downsample)
+        strip = slide.read(level, 0, y0, out_w * factor, rows)
+        strips.append(_bin(strip, factor))
+    if not strips:
+        return np.full((out_h, out_w, 3), 255, np.uint8)
+    return np.concatenate(strips, axis=0)
+
+
+def _bin(rgb: np.ndarray, factor: int) -> np.ndarray:
+    if factor == 1:
+        return rgb
+    h, w = rgb.shape[0] // factor, rgb.shape[1] // factor
+    blocks = rgb[: h * factor, : w * factor].reshape(h, factor, w, factor, 3)
+    return blocks.mean(axis=(1, 3), dtype=np.float32).round().astype(np.uint8)

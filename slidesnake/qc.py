@@ -1,0 +1,67 @@
+"""QC pictures: what a pathologist looks at to trust a mask and a tiling.
+
+Drawn with array operations at the mask's resolution, so a slide with 100,000 tiles draws
+as fast as one with ten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+from scipy import ndimage as ndi
+
+from slidesnake.atomic import atomic_output
+from slidesnake.maskfile import TissueMask
+
+CONTOUR = np.array([0, 170, 0], np.uint8)
+TILE_FILL = np.array([40, 90, 255], np.float32)
+TILE_EDGE = np.array([20, 40, 160], np.uint8)
+
+
+def draw_mask_contour(rgb: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The picture with the outline of the tissue drawn on it."""
+    outline = mask & ~ndi.binary_erosion(mask, iterations=2)
+    out = rgb.copy()
+    out[outline] = CONTOUR
+    return out
+
+
+def draw_tiles(picture: np.ndarray, tiles: pd.DataFrame, size: int, mask: TissueMask) -> np.ndarray:
+    """Shade the area covered by kept tiles and draw the tile grid inside it."""
+    h, w = picture.shape[:2]
+    left = np.clip((tiles["x"].to_numpy() / mask.scale_x).astype(np.int64), 0, w)
+    top = np.clip((tiles["y"].to_numpy() / mask.scale_y).astype(np.int64), 0, h)
+    right = np.clip(np.ceil((tiles["x"].to_numpy() + size) / mask.scale_x).astype(np.int64), 0, w)
+    bottom = np.clip(np.ceil((tiles["y"].to_numpy() + size) / mask.scale_y).astype(np.int64), 0, h)
+    covered = _coverage((h, w), left, top, right, bottom) > 0
+    edges = np.zeros((h, w), bool)
+    edges[:, np.unique(np.clip(left, 0, w - 1))] = True
+    edges[np.unique(np.clip(top, 0, h - 1)), :] = True
+    out = picture.astype(np.float32)
+    out[covered] = 0.7 * out[covered] + 0.3 * TILE_FILL
+    out = out.round().astype(np.uint8)
+    out[covered & edges] = TILE_EDGE
+    return out
+
+
+def _coverage(shape: tuple[int, int], left, top, right, bottom) -> np.ndarray:
+    """How many rectangles cover each pixel, by a 2-D difference array."""
+    diff = np.zeros((shape[0] + 1, shape[1] + 1), np.int32)
+    np.add.at(diff, (top, left), 1)
+    np.add.at(diff, (top, right), -1)
+    np.add.at(diff, (bottom, left), -1)
+    np.add.at(diff, (bottom, right), 1)
+    return diff.cumsum(axis=0).cumsum(axis=1)[: shape[0], : shape[1]]
+
+
+def save_picture(rgb: np.ndarray, path: str | Path) -> None:
+    with atomic_output(path) as tmp:
+        Image.fromarray(rgb).save(tmp, format="PNG")
+
+
+def load_picture(path: str | Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))

@@ -1,0 +1,102 @@
+"""The workflow's stages as plain functions: one slide in, that slide's outputs written.
+
+Each Snakemake rule script calls one of these; so can anyone without Snakemake.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from slidesnake.lowres import read_lowres
+from slidesnake.maskfile import TissueMask, load_mask, save_mask
+from slidesnake.qc import draw_mask_contour, draw_tiles, load_picture, save_picture
+from slidesnake.slide import Slide
+from slidesnake.tile_table import write_tiles
+from slidesnake.tiling import TileParams, grid_tiles, tile_geometry
+from slidesnake.tissue import TissueParams, detect_tissue
+
+log = logging.getLogger(__name__)
+
+
+def make_tissue_mask(
+    slide_path: str | Path,
+    slide_id: str,
+    mask_path: str | Path,
+    qc_path: str | Path,
+    params: TissueParams,
+    sheet_mpp: float | None = None,
+) -> TissueMask:
+    """Detect tissue at about `params.mpp` and write the mask and its QC picture."""
+    with Slide(slide_path, slide_id, sheet_mpp) as slide:
+        log.info(
+            "slide '%s': %s, %d x %d px, %d levels, %.4g µm/px (from %s)",
+            slide_id,
+            slide.vendor,
+            *slide.dimensions,
+            len(slide.levels),
+            slide.mpp,
+            slide.mpp_info.source,
+        )
+        lowres = read_lowres(slide, params.mpp)
+        mask = TissueMask(
+            mask=detect_tissue(lowres.rgb, lowres.mpp, params),
+            mpp=lowres.mpp,
+            scale_x=lowres.scale_x,
+            scale_y=lowres.scale_y,
+            slide_mpp=slide.mpp,
+            slide_width=slide.dimensions[0],
+            slide_height=slide.dimensions[1],
+            read_level=lowres.level,
+        )
+    log.info(
+        "mask %d x %d px at %.3g µm/px from level %d: %.1f%% tissue",
+        mask.mask.shape[1],
+        mask.mask.shape[0],
+        mask.mpp,
+        mask.read_level,
+        100 * mask.tissue_fraction,
+    )
+    save_mask(mask, mask_path)
+    save_picture(draw_mask_contour(lowres.rgb, mask.mask), qc_path)
+    return mask
+
+
+def make_tile_coords(
+    slide_path: str | Path,
+    slide_id: str,
+    mask_path: str | Path,
+    mask_qc_path: str | Path,
+    tiles_path: str | Path,
+    qc_path: str | Path,
+    params: TileParams,
+) -> int:
+    """Lay the tile grid, keep tiles on tissue, write tiles.parquet and its QC picture."""
+    mask = load_mask(mask_path)
+    with Slide(slide_path, slide_id, mask.slide_mpp) as slide:
+        read_level = slide.level_for_mpp(params.mpp)
+        read_downsample = slide.levels[read_level].downsample
+    geometry = tile_geometry(mask, params, read_level, read_downsample)
+    tiles = grid_tiles(mask, geometry)
+    if tiles.empty:
+        log.warning(
+            "slide '%s': no tile reaches mask_threshold %.2f (%.1f%% of the slide is tissue); "
+            "writing an empty tile table",
+            slide_id,
+            params.mask_threshold,
+            100 * mask.tissue_fraction,
+        )
+    else:
+        log.info(
+            "slide '%s': %d tiles of %d px at %.3g µm/px (%d level-0 px, read from level %d)",
+            slide_id,
+            len(tiles),
+            params.size,
+            params.mpp,
+            geometry.size_level0,
+            read_level,
+        )
+    write_tiles(tiles, geometry, tiles_path)
+    picture = draw_tiles(load_picture(mask_qc_path), tiles, geometry.size_level0, mask)
+    save_picture(picture, qc_path)
+    return len(tiles)

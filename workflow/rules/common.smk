@@ -1,0 +1,39 @@
+import re
+
+import pandas as pd
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from slidesnake.errors import SlidesnakeError
+from slidesnake.samples import read_sample_sheet
+
+validate(config, "../schemas/config.schema.yaml")
+
+try:
+    samples = read_sample_sheet(config["samples"])
+except SlidesnakeError as err:
+    raise WorkflowError(str(err)) from None
+validate(samples, "../schemas/samples.schema.yaml")
+
+
+wildcard_constraints:
+    slide_id="|".join(re.escape(slide_id) for slide_id in samples.index),
+
+
+def cohort_targets():
+    """Every per-slide output the cohort needs."""
+    return expand(
+        "results/{slide_id}/{name}",
+        slide_id=samples.index,
+        name=["tiles.parquet", "qc_tiles.png"],
+    )
+
+
+def slide_path(wildcards):
+    return samples.loc[wildcards.slide_id, "path"]
+
+
+def sheet_mpp(wildcards):
+    """The sample sheet's mpp for this slide, or None to read it from the slide."""
+    mpp = samples.loc[wildcards.slide_id, "mpp"]
+    return None if pd.isna(mpp) else float(mpp)

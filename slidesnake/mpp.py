@@ -49,7 +49,7 @@ def resolve_mpp(
             raise MppError(
                 slide_id,
                 path,
-                f"the {source} gives {value:.4g} µm/px, outside the plausible range "
+                f"{source} gives {value:.4g} µm/px, outside the plausible range "
                 f"{low}-{high} µm/px of a slide scan",
                 _ADD_MPP if source != "sample sheet" else "correct the 'mpp' column",
             )

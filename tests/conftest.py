@@ -63,12 +63,17 @@ class Workflow:
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [
-            sys.executable, "-m", "snakemake",
-            "--snakefile", str(REPO / "Snakefile"),
-            "--directory", str(self.dir),
-            "--cores", "2",
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(self.dir),
+            "--cores",
+            "2",
             *args,
-        ]  # fmt: skip
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if check and result.returncode != 0:
             raise AssertionError(f"snakemake failed:\n{result.stdout}\n{result.stderr}")

@@ -4,9 +4,11 @@ import pandas as pd
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from slidesnake.config_overrides import typed_sections
 from slidesnake.errors import SlidesnakeError
 from slidesnake.samples import read_sample_sheet
 
+config.update(typed_sections(config))
 validate(config, "../schemas/config.schema.yaml")
 
 try:

@@ -1,0 +1,86 @@
+import re
+from dataclasses import fields
+
+import pytest
+import yaml
+from conftest import REPO, write_sheet
+
+from slidesnake.errors import SampleSheetError
+from slidesnake.samples import SAFE_ID, read_sample_sheet
+from slidesnake.tiling import TileParams
+from slidesnake.tissue import TissueParams
+
+
+def test_good_sheet_is_indexed_by_slide_id(tmp_path):
+    (tmp_path / "a.svs").touch()
+    (tmp_path / "b.tif").touch()
+    sheet = write_sheet(tmp_path / "s.tsv", [("a", "a.svs"), ("b-2.x", "b.tif", 0.25)])
+    samples = read_sample_sheet(sheet, base_dir=tmp_path)
+    assert list(samples.index) == ["a", "b-2.x"]
+    assert samples.loc["b-2.x", "mpp"] == 0.25
+    assert samples["mpp"].isna().sum() == 1
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    (tmp_path / "ok.svs").touch()
+    rows = [
+        ("ok", "ok.svs"),
+        ("ok", "ok.svs"),
+        ("../evil", "ok.svs"),
+        ("has space", "ok.svs"),
+        ("sub/dir", "ok.svs"),
+        ("gone", "missing/gone.svs"),
+    ]
+    with pytest.raises(SampleSheetError) as err:
+        read_sample_sheet(write_sheet(tmp_path / "s.tsv", rows), base_dir=tmp_path)
+    message = str(err.value)
+    assert "slide_id 'ok' appears more than once" in message
+    for bad in ("'../evil'", "'has space'", "'sub/dir'"):
+        assert f"slide_id {bad} is not a safe file name" in message
+    assert "file not found: missing/gone.svs" in message
+
+
+def test_sheet_without_required_columns(tmp_path):
+    sheet = tmp_path / "s.tsv"
+    sheet.write_text("id\tfile\nx\ty\n")
+    with pytest.raises(SampleSheetError, match="missing column"):
+        read_sample_sheet(sheet)
+
+
+@pytest.mark.parametrize(
+    ("slide_id", "safe"),
+    [
+        ("TCGA-AA-3502", True),
+        ("a.b_c-1", True),
+        ("_x", True),
+        (".hidden", False),
+        ("a..b", False),
+        ("..", False),
+        ("a/b", False),
+        ("a b", False),
+        ("", False),
+        ("é", False),
+    ],
+)
+def test_schema_and_package_agree_on_safe_ids(slide_id, safe):
+    schema = yaml.safe_load((REPO / "workflow/schemas/samples.schema.yaml").read_text())
+    pattern = schema["properties"]["slide_id"]["pattern"]
+    assert bool(re.search(pattern, slide_id)) is safe
+    assert bool(SAFE_ID.match(slide_id)) is safe
+
+
+def test_config_defaults_match_the_package_defaults():
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for section, params in (("tissue", TissueParams), ("tiles", TileParams)):
+        assert set(config[section]) == {f.name for f in fields(params)}
+        assert params.from_mapping(config[section]) == params()
+
+
+def test_nested_config_overrides_get_their_yaml_types():
+    from slidesnake.config_overrides import typed_sections
+
+    config = {"samples": "123", "tiles": {"stride": "112", "mpp": "0.5", "x": "null", "n": "a"}}
+    assert typed_sections(config) == {
+        "samples": "123",
+        "tiles": {"stride": 112, "mpp": 0.5, "x": None, "n": "a"},
+    }

@@ -1,0 +1,92 @@
+"""The real Snakemake workflow on synthetic slides: outputs, no-op re-runs, increments."""
+
+import pytest
+
+from slidesnake.maskfile import load_mask
+from slidesnake.synthetic import random_blobs, write_slide
+from slidesnake.tile_table import read_tiles
+
+pytestmark = pytest.mark.workflow
+
+OUTPUTS = ("tissue_mask.png", "qc_mask.png", "tiles.parquet", "qc_tiles.png")
+
+
+def mtimes(workflow, slide_ids, names=OUTPUTS):
+    return {(s, n): workflow.result(s, n).stat().st_mtime_ns for s in slide_ids for n in names}
+
+
+def jobs_run(result, rule):
+    """slide ids of the jobs of `rule` that Snakemake started, from its output."""
+    lines = result.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == f"localrule {rule}:"]
+    ids = []
+    for i in starts:
+        wildcard = next(line for line in lines[i:] if "wildcards: slide_id=" in line)
+        ids.append(wildcard.split("slide_id=")[1].strip())
+    return sorted(ids)
+
+
+def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_slide, tmp_path):
+    rows = [("rect", rect_slide), ("blobs", blob_slide)]
+    workflow.sheet(rows)
+    first = workflow.run()
+    assert jobs_run(first, "make_tissue_mask") == ["blobs", "rect"]
+    for slide_id in ("rect", "blobs"):
+        for name in OUTPUTS:
+            assert workflow.result(slide_id, name).stat().st_size > 0
+        tiles, geometry = read_tiles(workflow.result(slide_id, "tiles.parquet"))
+        assert len(tiles) > 0 and geometry.target_mpp == 0.5
+        assert "tiles of 224 px" in workflow.log(slide_id, "make_tile_coords")
+    assert len(read_tiles(workflow.result("rect", "tiles.parquet"))[0]) == 80
+    assert load_mask(workflow.result("blobs", "tissue_mask.png")).mpp == pytest.approx(8.0)
+    before = mtimes(workflow, ["rect", "blobs"])
+
+    # nothing changed: nothing runs
+    assert "Nothing to be done" in workflow.run("--dry-run").stdout + workflow.run().stderr
+    assert mtimes(workflow, ["rect", "blobs"]) == before
+
+    # a new slide (that records no mpp, rescued by the sheet): only its jobs run
+    new = write_slide(
+        tmp_path / "new.tif",
+        3000,
+        2500,
+        random_blobs(3000, 2500, 2, 3),
+        mpp=None,
+        vendor="generic",
+        levels=2,
+    )
+    workflow.sheet([*rows, ("new", new, 0.5)])
+    added = workflow.run()
+    assert jobs_run(added, "make_tissue_mask") == ["new"]
+    assert jobs_run(added, "make_tile_coords") == ["new"]
+    assert mtimes(workflow, ["rect", "blobs"]) == before
+    assert "0.5 µm/px (from sample sheet)" in workflow.log("new", "make_tissue_mask")
+
+    # a tile parameter changed: tiling re-runs for every slide, masking for none
+    retiled = workflow.run("--config", "tiles={stride: 112}")
+    assert jobs_run(retiled, "make_tissue_mask") == []
+    assert jobs_run(retiled, "make_tile_coords") == ["blobs", "new", "rect"]
+    after = mtimes(workflow, ["rect", "blobs"])
+    for slide_id in ("rect", "blobs"):
+        for name in ("tissue_mask.png", "qc_mask.png"):
+            assert after[slide_id, name] == before[slide_id, name]
+        assert after[slide_id, "tiles.parquet"] > before[slide_id, "tiles.parquet"]
+    _, geometry = read_tiles(workflow.result("rect", "tiles.parquet"))
+    assert geometry.stride == 112
+
+
+def test_invalid_config_stops_before_any_job(workflow, rect_slide):
+    workflow.sheet([("rect", rect_slide)])
+    result = workflow.run("--config", "tiles={mask_threshold: 2}", check=False)
+    assert result.returncode != 0
+    assert "mask_threshold" in result.stderr
+    assert not (workflow.dir / "results").exists()
+
+
+def test_bad_sample_sheet_stops_before_any_job(workflow, rect_slide):
+    workflow.sheet([("rect", rect_slide), ("rect", rect_slide), ("x", "nowhere/x.svs")])
+    result = workflow.run(check=False)
+    assert result.returncode != 0
+    assert "slide_id 'rect' appears more than once" in result.stderr
+    assert "file not found: nowhere/x.svs" in result.stderr
+    assert not (workflow.dir / "results").exists()

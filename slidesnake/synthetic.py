@@ -86,13 +86,16 @@ def random_blobs(width: int, height: int, count: int, seed: int) -> list[Ellipse
 
 def value_noise(x: np.ndarray, y: np.ndarray, cell: float, seed: int) -> np.ndarray:
     """Smooth noise in [0, 1) on the grid x (columns) by y (rows), a pure function of position."""
-    gx, gy = x / cell, y / cell
+    gx, gy = (x / cell).astype(np.float32), (y / cell).astype(np.float32)
     ix, iy = np.floor(gx).astype(np.int64), np.floor(gy).astype(np.int64)
     fx, fy = _smoothstep(gx - ix)[None, :], _smoothstep(gy - iy)[:, None]
-    ix, iy = ix[None, :], iy[:, None]
-    top = _hash(ix, iy, seed) * (1 - fx) + _hash(ix + 1, iy, seed) * fx
-    bottom = _hash(ix, iy + 1, seed) * (1 - fx) + _hash(ix + 1, iy + 1, seed) * fx
-    return top * (1 - fy) + bottom * fy
+    # hash only the lattice corners this grid touches, then gather
+    lattice = _hash(
+        np.arange(ix[0], ix[-1] + 2)[None, :], np.arange(iy[0], iy[-1] + 2)[:, None], seed
+    )
+    cx, cy = ix - ix[0], iy - iy[0]
+    rows = lattice[:, cx] * (1 - fx) + lattice[:, cx + 1] * fx  # few rows, full width
+    return rows[cy] * (1 - fy) + rows[cy + 1] * fy
 
 
 def _smoothstep(t: np.ndarray) -> np.ndarray:
@@ -111,24 +114,35 @@ class Renderer:
     def __init__(self, shapes: Sequence[Shape], seed: int = 0) -> None:
         self.shapes = list(shapes)
         self.seed = seed
+        self._glass_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
     def render(self, x0: int, y0: int, width: int, height: int, downsample: float) -> np.ndarray:
         """RGB uint8 of a level with `downsample`; (x0, y0) in that level's pixels."""
         x = (x0 + np.arange(width, dtype=np.float64) + 0.5) * downsample
         y = (y0 + np.arange(height, dtype=np.float64) + 0.5) * downsample
+        if not self._touches(x, y):
+            return self._glass(height, width, x0 * 7 + y0 * 13)
         rng = np.random.default_rng([self.seed, x0, y0, round(downsample * 1000)])
         img = np.broadcast_to(BACKGROUND, (height, width, 3)).copy()
-        if self._touches(x, y):
-            tissue = np.zeros((height, width), bool)
-            for shape in self.shapes:
-                tissue |= shape.inside(x, y)
-            shade = value_noise(x, y, 60.0, self.seed)[..., None]
-            stroma = STROMA * (1 - shade) + STROMA_DARK * shade
-            nuclei = value_noise(x, y, 7.0, self.seed + 1) > 0.78
-            colour = np.where(nuclei[..., None], NUCLEUS, stroma)
-            img[tissue] = colour[tissue]
-        img += rng.normal(0.0, 2.5, img.shape).astype(np.float32)
-        return np.clip(img, 0, 255).astype(np.uint8)
+        tissue = np.zeros((height, width), bool)
+        for shape in self.shapes:
+            tissue |= shape.inside(x, y)
+        shade = value_noise(x, y, 60.0, self.seed)[..., None]
+        stroma = STROMA * (1 - shade) + STROMA_DARK * shade
+        nuclei = value_noise(x, y, 7.0, self.seed + 1) > 0.78
+        colour = np.where(nuclei[..., None], NUCLEUS, stroma)
+        img[tissue] = colour[tissue]
+        return _with_noise(img, rng)
+
+    def _glass(self, height: int, width: int, key: int) -> np.ndarray:
+        """Empty glass; a few noisy variants are cached, as most tiles of a slide are glass."""
+        variant = (height, width, key % 4)
+        if variant not in self._glass_cache:
+            rng = np.random.default_rng([self.seed, *variant])
+            self._glass_cache[variant] = _with_noise(
+                np.broadcast_to(BACKGROUND, (height, width, 3)).copy(), rng
+            )
+        return self._glass_cache[variant]
 
     def _touches(self, x: np.ndarray, y: np.ndarray) -> bool:
         for shape in self.shapes:
@@ -136,6 +150,11 @@ class Renderer:
             if bx0 <= x[-1] and bx1 >= x[0] and by0 <= y[-1] and by1 >= y[0]:
                 return True
         return False
+
+
+def _with_noise(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    img += 2.5 * rng.standard_normal(img.shape, dtype=np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
 
 
 def write_slide(

@@ -27,6 +27,7 @@ test: install
 	$(BIN)/pytest
 
 lint: install
+	$(BIN)/slidesnake demo-slides demo/slides
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check Snakefile workflow

@@ -42,3 +42,7 @@ class SampleSheetError(SlidesnakeError):
 
 class ConfigError(SlidesnakeError):
     """The configuration is inconsistent in a way a schema cannot express."""
+
+
+class ModelError(SlidesnakeError):
+    """A checkpoint that cannot be read, or that does not fit its architecture."""

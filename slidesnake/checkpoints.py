@@ -1,0 +1,106 @@
+"""Model weights from disk or a hub, in every format our users have.
+
+safetensors and PyTorch state dicts fill a timm architecture; `torch.export` programs
+(.pt2) and TorchScript archives are whole programs that need none. Nothing here executes
+pickled code: state dicts load with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import zipfile
+from pathlib import Path
+
+import torch
+
+from slidesnake.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+STATE_DICT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
+
+
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_program(path: str | Path) -> bool:
+    """True for a whole-program checkpoint (.pt2 export or TorchScript)."""
+    path = Path(path)
+    return path.suffix == ".pt2" or _is_torchscript(path)
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("/constants.pkl") for name in archive.namelist())
+
+
+def load_program(path: str | Path, device: torch.device) -> torch.nn.Module:
+    """A whole-program checkpoint as a module, in the dtype it was saved in."""
+    path = Path(path)
+    try:
+        if path.suffix == ".pt2":
+            return torch.export.load(str(path)).module().to(device)
+        return torch.jit.load(str(path), map_location=device).eval()
+    except Exception as err:
+        raise ModelError(
+            f"checkpoint {path} is not a readable {path.suffix} program ({err}); "
+            "export it again with torch.export.save or torch.jit.save"
+        ) from None
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors or PyTorch state-dict file, unwrapped from common wrappers."""
+    path = Path(path)
+    if path.suffix not in STATE_DICT_SUFFIXES:
+        raise ModelError(
+            f"checkpoint {path}: unknown format '{path.suffix}'; use .safetensors, "
+            ".pt/.pth/.bin (a state dict), .pt2 (torch.export) or a TorchScript archive"
+        )
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ModelError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); "
+            "the file is corrupt or truncated; download or save it again"
+        ) from None
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"checkpoint {path} is not a state dict of tensors")
+    return state
+
+
+def fetch_from_hub(hub_id: str) -> Path:
+    """A hub checkpoint from the local cache or the network; fails at once when offline."""
+    repo = hub_id.removeprefix("hf-hub:")
+    advice = (
+        f"download the weights of {repo} on a machine with internet access and set "
+        "model.checkpoint to the local file (e.g. model.safetensors)"
+    )
+    from huggingface_hub import hf_hub_download
+
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        try:
+            return Path(hf_hub_download(repo, filename, local_files_only=_offline()))
+        except Exception as err:  # offline, gated or missing: all end the same way
+            last = err
+    raise ModelError(f"model weights '{hub_id}' are not available here ({last}); {advice}")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")

@@ -1,0 +1,186 @@
+"""The model side of embedding: build the network, load weights, preprocess on the device.
+
+Tiles arrive as uint8 (B, H, W, 3) at the slide's read level. Everything from there runs
+on the device, batched: resize to the model's input size, normalisation, the cast to the
+model's dtype, the forward pass and pooling to one vector per tile.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn.functional as F
+
+from slidesnake.checkpoints import (
+    fetch_from_hub,
+    is_program,
+    load_program,
+    load_state_dict,
+    sha256,
+)
+from slidesnake.errors import ConfigError, ModelError
+from slidesnake.models import ModelSpec
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Embedder:
+    """A model ready to embed uint8 tiles on its device."""
+
+    spec: ModelSpec
+    network: torch.nn.Module  # normalised (B, 3, S, S) -> (B, D)
+    device: torch.device
+    dtype: torch.dtype
+    input_size: int
+    dim: int
+    weights_sha256: str | None
+
+    @torch.inference_mode()
+    def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
+        return self.network(self.preprocess(tiles))
+
+    def preprocess(self, tiles: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> normalised (B, 3, S, S) in the model's dtype."""
+        x = tiles.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
+        if x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
+            size = (self.input_size, self.input_size)
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        mean = torch.tensor(self.spec.mean, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.spec.std, device=self.device).view(1, 3, 1, 1)
+        return ((x / 255.0 - mean) / std).to(self.dtype)
+
+
+def model_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """fp16 on CUDA; on a CPU, fp16 becomes fp32 (CPU fp16 kernels are slow or missing)."""
+    if precision not in DTYPES:
+        raise ConfigError(f"model.precision '{precision}' is not one of {sorted(DTYPES)}")
+    if device.type == "cpu" and precision == "fp16":
+        log.warning("model.precision fp16 is not supported on the CPU: running in fp32")
+        return torch.float32
+    return DTYPES[precision]
+
+
+def build_embedder(
+    spec: ModelSpec,
+    weights: str,
+    checkpoint: str | None,
+    input_size: int,
+    device: torch.device,
+    precision: str = "fp16",
+) -> Embedder:
+    """Build the network of `spec` and load its weights; fails before any tile is read."""
+    path = _checkpoint_path(spec, weights, checkpoint)
+    if path is not None and is_program(path):
+        network = load_program(path, device)
+        dtype = next((p.dtype for p in network.parameters() if p.is_floating_point()), None)
+        dtype = dtype or model_dtype(precision, device)
+    else:
+        if spec.architecture is None:
+            raise ConfigError(
+                "model.name 'custom' needs model.checkpoint to be a .pt2 or TorchScript program"
+            )
+        dtype = model_dtype(precision, device)
+        network = _timm_network(spec, input_size)
+        if path is None:
+            log.warning(
+                "!!! model '%s' has RANDOM WEIGHTS (model.weights: random): its embeddings "
+                "mean nothing; use this for demos and tests only !!!",
+                spec.name,
+            )
+        else:
+            _fill(network, load_state_dict(path), path, spec)
+        network = _Pooled(network, spec.output).to(device=device, dtype=dtype).eval()
+    embedder = Embedder(spec, network, device, dtype, input_size, 0, sha256(path) if path else None)
+    embedder.dim = _probe_dim(embedder)
+    return embedder
+
+
+def _checkpoint_path(spec: ModelSpec, weights: str, checkpoint: str | None) -> Path | None:
+    if weights == "random":
+        return None
+    source = checkpoint or spec.hub_id
+    if source is None:
+        raise ConfigError(f"model '{spec.name}' needs model.checkpoint (a local weights file)")
+    if source.startswith("hf-hub:"):
+        return fetch_from_hub(source)
+    path = Path(source)
+    if not path.is_file():
+        raise ModelError(f"model.checkpoint {path} does not exist; correct the path")
+    return path
+
+
+def _timm_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
+    kwargs = {key: _resolve_layer(value) for key, value in spec.timm_kwargs.items()}
+    if spec.input_size is None:  # timm:<arch>: size the model to the tiles when it can
+        try:
+            return timm.create_model(spec.architecture, num_classes=0, img_size=input_size)
+        except TypeError:
+            pass
+    try:
+        return timm.create_model(spec.architecture, pretrained=False, num_classes=0, **kwargs)
+    except RuntimeError as err:
+        raise ConfigError(f"timm cannot build '{spec.architecture}': {err}") from None
+
+
+def _resolve_layer(value: object) -> object:
+    if value == "SwiGLUPacked":
+        return timm.layers.SwiGLUPacked
+    if value == "SiLU":
+        return torch.nn.SiLU
+    return value
+
+
+def _fill(network: torch.nn.Module, state: dict, path: Path, spec: ModelSpec) -> None:
+    try:
+        result = network.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that differ
+        raise ModelError(
+            f"checkpoint {path} does not fit architecture {spec.architecture} of model "
+            f"'{spec.name}' ({str(err).splitlines()[1].strip()}); check model.name"
+        ) from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ModelError(
+            f"checkpoint {path} does not fit architecture {spec.architecture} of model "
+            f"'{spec.name}': missing {result.missing_keys[:5]}, unexpected "
+            f"{result.unexpected_keys[:5]}; check model.name against the checkpoint"
+        )
+
+
+class _Pooled(torch.nn.Module):
+    """A timm network reduced to one vector per tile, as the model's card prescribes."""
+
+    def __init__(self, network: torch.nn.Module, output: str) -> None:
+        super().__init__()
+        self.network = network
+        self.output = output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.output == "cls":
+            return self.network(x)
+        tokens = self.network.forward_features(x)
+        patches = tokens[:, self.network.num_prefix_tokens :].mean(dim=1)
+        return torch.cat([tokens[:, 0], patches], dim=-1)
+
+
+def _probe_dim(embedder: Embedder) -> int:
+    """Run one blank tile through the network: checks it works and gives its width."""
+    blank = torch.zeros(1, embedder.input_size, embedder.input_size, 3, dtype=torch.uint8)
+    try:
+        out = embedder(blank)
+    except Exception as err:
+        raise ModelError(
+            f"model '{embedder.spec.name}' fails on a {embedder.input_size} px tile ({err})"
+        ) from None
+    if out.ndim != 2 or out.shape[0] != 1:
+        raise ModelError(
+            f"model '{embedder.spec.name}' returns shape {tuple(out.shape)} per batch; "
+            "it must map (B, 3, H, W) to (B, D)"
+        )
+    return int(out.shape[1])

@@ -1,0 +1,238 @@
+"""The embedding loop of one slide: loader workers -> device -> zarr, with its metrics.
+
+Three things run at once: loader worker processes decode tiles; the main thread copies
+each batch to the device and runs the model, whose results are copied back
+asynchronously; a writer thread puts finished features into zarr. The main thread
+records how long it waited for data, which answers "is the GPU the bottleneck?".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import resource
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import slidesnake
+from slidesnake.atomic import atomic_output
+from slidesnake.embedder import Embedder, build_embedder
+from slidesnake.embedding_store import EmbeddingWriter
+from slidesnake.models import model_spec
+from slidesnake.progress import Progress
+from slidesnake.tile_loader import TileBatches, make_loader
+from slidesnake.tile_table import read_tiles
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """model.*, loader.*, output.* and embed.* of the config."""
+
+    model: str = "h-optimus-0"
+    weights: str = "checkpoint"  # or "random" (demos and tests only)
+    checkpoint: str | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    precision: str = "fp16"
+    batch_size: int = 64
+    workers: int = 4
+    prefetch: int = 4
+    block: int = 4
+    output_dtype: str = "float16"
+    progress_s: float = 30.0
+    watchdog_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Mapping[str, Any]]) -> EmbedSettings:
+        """Flatten the config sections into settings (model.name -> model, ...)."""
+        flat = {**config.get("model", {}), **config.get("loader", {})}
+        flat |= {f"output_{k}": v for k, v in config.get("output", {}).items()}
+        flat |= dict(config.get("embed", {}))
+        flat["model"] = flat.pop("name", cls.model)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in flat.items() if k in names and v is not None})
+
+
+def embed_slide(
+    slide_path: str | Path,
+    slide_id: str,
+    tiles_path: str | Path,
+    zarr_path: str | Path,
+    metrics_path: str | Path,
+    settings: EmbedSettings,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
+    """Embed every tile of `tiles_path`; write the zarr store and metrics.json."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tiles, geometry = read_tiles(tiles_path)
+    spec = model_spec(settings.model, settings.mean, settings.std)
+    embedder = build_embedder(
+        spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
+    )
+    coords = tiles[["x", "y"]].to_numpy(np.int64)
+    dataset = TileBatches(
+        slide_path, slide_id, coords, geometry, settings.batch_size, settings.block
+    )
+    log.info(
+        "slide '%s': %d tiles, model %s (%d-d, %s) on %s, %d loader workers, batch %d",
+        slide_id,
+        len(coords),
+        spec.name,
+        embedder.dim,
+        str(embedder.dtype).removeprefix("torch."),
+        device,
+        settings.workers,
+        settings.batch_size,
+    )
+    with atomic_output(zarr_path) as tmp:
+        writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
+        timings = _run(embedder, dataset, writer, settings, device)
+        attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
+        writer.finish(attributes)
+    metrics = _metrics(len(coords), timings, embedder, settings, device)
+    with atomic_output(metrics_path) as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    log.info(
+        "slide '%s': %d tiles in %.1f s, %.1f tiles/s, loader wait %.0f%%",
+        slide_id,
+        len(coords),
+        metrics["wall_s"],
+        metrics["tiles_per_s"],
+        100 * metrics["loader_wait_fraction"],
+    )
+    return metrics
+
+
+def _run(
+    embedder: Embedder,
+    dataset: TileBatches,
+    writer: EmbeddingWriter,
+    settings: EmbedSettings,
+    device: torch.device,
+) -> dict[str, float]:
+    """The hot loop. Returns wall and loader-wait seconds."""
+    loader = make_loader(dataset, settings.workers, settings.prefetch, pin=device.type == "cuda")
+    progress = Progress(len(dataset.coords), settings.progress_s, settings.watchdog_s)
+    results: queue.Queue = queue.Queue(maxsize=8)
+    drain = _Drain(results, writer)
+    drain.start()
+    started = time.perf_counter()
+    waited = 0.0
+    in_flight = None  # the previous batch, whose copy to the host may still be running
+    batches = iter(loader)
+    with progress:
+        while True:
+            progress.state("waiting for the loader")
+            t0 = time.perf_counter()
+            item = next(batches, None)
+            waited += time.perf_counter() - t0
+            if item is None:
+                break
+            rows, tiles = item
+            progress.state("running the model")
+            features = embedder(tiles).to(_HOST_DTYPES[settings.output_dtype])
+            copied = _to_host(features)
+            if in_flight is not None:
+                _hand_over(in_flight, results, progress)
+            in_flight = (rows, copied)
+        if in_flight is not None:
+            _hand_over(in_flight, results, progress)
+        results.put(None)
+        drain.join()
+    if drain.error is not None:
+        raise drain.error
+    return {"wall_s": time.perf_counter() - started, "loader_wait_s": waited}
+
+
+_HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+def _to_host(features: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying device features to pinned host memory without waiting for it."""
+    if features.device.type != "cuda":
+        return features, None
+    host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
+    host.copy_(features, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def _hand_over(batch, results: queue.Queue, progress: Progress) -> None:
+    rows, (features, done) = batch
+    if done is not None:
+        done.synchronize()
+    results.put((rows.numpy(), features.numpy()))
+    progress.advance(len(rows))
+
+
+class _Drain(threading.Thread):
+    """Writer thread: zarr writes happen here, off the hot loop."""
+
+    def __init__(self, results: queue.Queue, writer: EmbeddingWriter) -> None:
+        super().__init__(name="zarr-writer", daemon=True)
+        self.results, self.writer = results, writer
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        while (item := self.results.get()) is not None:
+            if self.error is None:
+                try:
+                    self.writer.put(*item)
+                except Exception as err:  # re-raised by the main thread after the loop
+                    self.error = err
+
+
+def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, timings) -> dict:
+    stat = Path(slide_path).stat()
+    return {
+        "slide_id": slide_id,
+        "slide_path": str(Path(slide_path).resolve()),
+        "slide_bytes": stat.st_size,
+        "slide_mtime": stat.st_mtime,
+        **{f"tile_{k}": v for k, v in asdict(geometry).items()},
+        "patch_size_level0": geometry.size_level0,
+        "target_mpp": geometry.target_mpp,
+        "model": embedder.spec.name,
+        "model_output": embedder.spec.output,
+        "embedding_dim": embedder.dim,
+        "weights": settings.weights,
+        "weights_sha256": embedder.weights_sha256,
+        "precision": str(embedder.dtype).removeprefix("torch."),
+        "features_dtype": settings.output_dtype,
+        "slidesnake_version": slidesnake.__version__,
+        "timings": timings,
+    }
+
+
+def _metrics(tiles: int, timings, embedder: Embedder, settings, device) -> dict[str, Any]:
+    wall = timings["wall_s"]
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    cuda = device.type == "cuda"
+    return {
+        "tiles": tiles,
+        "wall_s": round(wall, 3),
+        "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
+        "loader_wait_s": round(timings["loader_wait_s"], 3),
+        "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "precision": str(embedder.dtype).removeprefix("torch."),
+        "batch_size": settings.batch_size,
+        "loader_workers": settings.workers,
+        "model": embedder.spec.name,
+        "peak_host_mb": round(self_kb / 1024, 1),
+        "peak_worker_mb": round(workers_kb / 1024, 1),
+        "peak_device_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if cuda else 0,
+    }

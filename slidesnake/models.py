@@ -1,0 +1,118 @@
+"""The model registry: what each foundation model expects and what it returns.
+
+Pure data, no torch import, so the workflow can check a config against a model before
+any job starts. Constants come from the models' cards; weights are never bundled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from slidesnake.errors import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BIOPTIMUS_MEAN = (0.707223, 0.578729, 0.703617)
+BIOPTIMUS_STD = (0.211883, 0.230117, 0.177517)
+
+# "cls": the class token; "cls+mean": class token concatenated with the mean of the patch
+# tokens (register tokens excluded), as Virchow recommends.
+Output = Literal["cls", "cls+mean"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build a model and feed it."""
+
+    name: str
+    architecture: str | None  # timm name; None for whole-program checkpoints
+    input_size: int | None  # px; None = any (set by tiles.size)
+    mpp: float | None  # µm/px the model was trained at; None = any
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    output: Output
+    dim: int | None  # embedding width; None = known only once built
+    hub_id: str | None = None
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _vit_swiglu(**kwargs: Any) -> dict[str, Any]:
+    """timm kwargs of ViTs with packed SwiGLU MLPs (UNI2-h, Virchow2); resolved at build."""
+    return {"mlp_layer": "SwiGLUPacked", "act_layer": "SiLU", **kwargs}
+
+
+# fmt: off
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("h-optimus-0", "vit_giant_patch14_reg4_dinov2", 224, 0.5, BIOPTIMUS_MEAN,
+                  BIOPTIMUS_STD, "cls", 1536, "hf-hub:bioptimus/H-optimus-0",
+                  {"init_values": 1e-5, "dynamic_img_size": False}),
+        ModelSpec("h-optimus-1", "vit_giant_patch14_reg4_dinov2", 224, 0.5, BIOPTIMUS_MEAN,
+                  BIOPTIMUS_STD, "cls", 1536, "hf-hub:bioptimus/H-optimus-1",
+                  {"init_values": 1e-5, "dynamic_img_size": False}),
+        ModelSpec("h0-mini", "vit_base_patch14_reg4_dinov2", 224, 0.5, BIOPTIMUS_MEAN,
+                  BIOPTIMUS_STD, "cls", 768, "hf-hub:bioptimus/H0-mini",
+                  {"init_values": 1e-5, "dynamic_img_size": False}),
+        ModelSpec("uni", "vit_large_patch16_224", 224, 0.5, IMAGENET_MEAN, IMAGENET_STD,
+                  "cls", 1024, "hf-hub:MahmoodLab/UNI",
+                  {"init_values": 1e-5, "dynamic_img_size": True}),
+        ModelSpec("uni2-h", "vit_giant_patch14_224", 224, 0.5, IMAGENET_MEAN, IMAGENET_STD,
+                  "cls", 1536, "hf-hub:MahmoodLab/UNI2-h",
+                  _vit_swiglu(img_size=224, patch_size=14, depth=24, num_heads=24,
+                              init_values=1e-5, embed_dim=1536, mlp_ratio=2.66667 * 2,
+                              no_embed_class=True, reg_tokens=8, dynamic_img_size=True)),
+        ModelSpec("virchow2", "vit_huge_patch14_224", 224, 0.5, IMAGENET_MEAN, IMAGENET_STD,
+                  "cls+mean", 2560, "hf-hub:paige-ai/Virchow2",
+                  _vit_swiglu(img_size=224, init_values=1e-5, mlp_ratio=5.3375,
+                              reg_tokens=4, dynamic_img_size=True)),
+        # Phikon-v2 is published in Hugging Face transformers' DINOv2 layout; its weights
+        # need converting to timm's ViT-L/16 keys before use here.
+        ModelSpec("phikon-v2", "vit_large_patch16_224", 224, 0.5, IMAGENET_MEAN, IMAGENET_STD,
+                  "cls", 1024, "hf-hub:owkin/phikon-v2", {"dynamic_img_size": True}),
+    )
+}
+# fmt: on
+
+
+def model_spec(
+    name: str,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+) -> ModelSpec:
+    """The spec of a registry name, of `timm:<architecture>`, or of `custom` (a program)."""
+    if name in REGISTRY:
+        spec = REGISTRY[name]
+    elif name.startswith("timm:"):
+        spec = ModelSpec(
+            name, name.removeprefix("timm:"), None, None, IMAGENET_MEAN, IMAGENET_STD, "cls", None
+        )
+    elif name == "custom":
+        spec = ModelSpec("custom", None, None, None, IMAGENET_MEAN, IMAGENET_STD, "cls", None)
+    else:
+        known = ", ".join([*REGISTRY, "timm:<architecture>", "custom"])
+        raise ConfigError(f"model.name '{name}' is unknown; choose one of: {known}")
+    return _with_normalisation(spec, mean, std)
+
+
+def _with_normalisation(spec: ModelSpec, mean, std) -> ModelSpec:
+    return replace(
+        spec,
+        mean=tuple(mean) if mean is not None else spec.mean,
+        std=tuple(std) if std is not None else spec.std,
+    )
+
+
+def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
+    """Raise ConfigError when tiles.* would feed the model inputs it was not made for."""
+    if spec.input_size is not None and spec.input_size != tile_size:
+        raise ConfigError(
+            f"model '{spec.name}' takes {spec.input_size} px tiles but tiles.size is "
+            f"{tile_size}; set tiles.size: {spec.input_size}"
+        )
+    if spec.mpp is not None and abs(spec.mpp - tile_mpp) > 0.02 * spec.mpp:
+        raise ConfigError(
+            f"model '{spec.name}' was trained at {spec.mpp} µm/px but tiles.mpp is "
+            f"{tile_mpp}; set tiles.mpp: {spec.mpp}"
+        )

@@ -16,11 +16,12 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(BIN)/slidesnake demo-slides demo/slides
-	$(BIN)/snakemake --cores $(CORES)
-	$(BIN)/snakemake --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) --configfile config/demo.yaml
+	$(BIN)/snakemake --configfile config/demo.yaml --report results/report.html
 	@echo
 	@echo "Done. Per slide, under results/<slide_id>/:"
 	@echo "  tissue_mask.png  qc_mask.png (tissue outline)  tiles.parquet  qc_tiles.png (kept tiles)"
+	@echo "  embeddings.zarr (features, coords)  metrics.json (tiles/s, loader wait, memory)"
 	@echo "QC pictures of the whole cohort: results/report.html (open it in a browser)"
 
 test: install
@@ -31,7 +32,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check Snakefile workflow
-	$(BIN)/snakemake --lint
+	$(BIN)/snakemake --lint --configfile config/demo.yaml
 
 bench: install
 	$(BIN)/python benchmarks/mask_tiles_scaling.py

@@ -12,6 +12,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/tissue_mask.smk"
 include: "workflow/rules/tile_coords.smk"
+include: "workflow/rules/embed_tiles.smk"
 
 
 localrules:

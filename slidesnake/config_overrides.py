@@ -22,6 +22,8 @@ def typed_sections(config: dict[str, Any]) -> dict[str, Any]:
 def _typed(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
     if isinstance(value, str):
         try:
             parsed = yaml.safe_load(value)

@@ -120,16 +120,17 @@ def _run(
     settings: EmbedSettings,
     device: torch.device,
 ) -> dict[str, float]:
-    """The hot loop. Returns wall and loader-wait seconds."""
+    """The hot loop. Returns its wall time, the time it waited for data, and the part of
+    that spent before the first batch (worker start-up and the first reads)."""
+    started = time.perf_counter()
     loader = make_loader(dataset, settings.workers, settings.prefetch, pin=device.type == "cuda")
+    batches = iter(loader)  # forks the workers: before this process starts any thread
     progress = Progress(len(dataset.coords), settings.progress_s, settings.watchdog_s)
     results: queue.Queue = queue.Queue(maxsize=8)
     drain = _Drain(results, writer)
     drain.start()
-    started = time.perf_counter()
-    waited = 0.0
+    waited = first_batch_s = 0.0
     in_flight = None  # the previous batch, whose copy to the host may still be running
-    batches = iter(loader)
     with progress:
         while True:
             progress.state("waiting for the loader")
@@ -138,6 +139,7 @@ def _run(
             waited += time.perf_counter() - t0
             if item is None:
                 break
+            first_batch_s = first_batch_s or time.perf_counter() - started
             rows, tiles = item
             progress.state("running the model")
             features = embedder(tiles).to(_HOST_DTYPES[settings.output_dtype])
@@ -151,7 +153,11 @@ def _run(
         drain.join()
     if drain.error is not None:
         raise drain.error
-    return {"wall_s": time.perf_counter() - started, "loader_wait_s": waited}
+    return {
+        "wall_s": time.perf_counter() - started,
+        "loader_wait_s": waited,
+        "first_batch_s": first_batch_s,
+    }
 
 
 _HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -226,6 +232,7 @@ def _metrics(tiles: int, timings, embedder: Embedder, settings, device) -> dict[
         "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
         "loader_wait_s": round(timings["loader_wait_s"], 3),
         "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
+        "first_batch_s": round(timings["first_batch_s"], 3),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
         "precision": str(embedder.dtype).removeprefix("torch."),

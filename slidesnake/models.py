@@ -7,6 +7,7 @@ any job starts. Constants come from the models' cards; weights are never bundled
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from slidesnake.errors import ConfigError
@@ -116,3 +117,16 @@ def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
             f"model '{spec.name}' was trained at {spec.mpp} µm/px but tiles.mpp is "
             f"{tile_mpp}; set tiles.mpp: {spec.mpp}"
         )
+
+
+def check_model_config(model: dict[str, Any], tiles: dict[str, Any]) -> None:
+    """Config errors of model.* found before any job runs: unknown model, wrong tiles, no file."""
+    spec = model_spec(model["name"], model.get("mean"), model.get("std"))
+    check_tiles_fit(spec, tiles["size"], tiles["mpp"])
+    checkpoint = model.get("checkpoint")
+    if model.get("weights") == "random":
+        return
+    if checkpoint is None and spec.hub_id is None:
+        raise ConfigError(f"model '{spec.name}' needs model.checkpoint (a local weights file)")
+    if checkpoint and not checkpoint.startswith("hf-hub:") and not Path(checkpoint).is_file():
+        raise ConfigError(f"model.checkpoint {checkpoint} does not exist; correct the path")

@@ -44,8 +44,8 @@ class Progress:
     def line(self) -> str:
         elapsed = time.monotonic() - self._started
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        return f"{self.done}/{self.total} tiles, {rate:.1f} tiles/s, ETA {eta:.0f} s"
+        eta = f"{(self.total - self.done) / rate:.0f} s" if rate > 0 else "unknown"
+        return f"{self.done}/{self.total} tiles, {rate:.1f} tiles/s, ETA {eta}"
 
     def _watch(self) -> None:
         warned_at = 0.0

@@ -3,8 +3,13 @@
 Tiles are read in blocks of adjacent tiles ("supertiles") with one read per block, so each
 compressed slide tile is decoded about once instead of once per overlapping model tile.
 Blocks are taken band by band in row-major order and dealt round-robin to the workers, so
-the rows in flight stay close together and the output writer's buffer stays small. Each
-worker opens its own slide handle (OpenSlide handles must not cross a fork).
+the rows in flight stay close together and the output writer's buffer stays small.
+
+Workers are forked: a spawned worker re-imports torch (seconds per worker and per slide)
+and re-runs the caller's main module, which breaks Snakemake scripts and notebooks. Forking
+is safe here because workers never touch CUDA (pinning runs in the parent) and each opens
+its own slide handle (OpenSlide handles must not cross a fork); the caller starts the
+workers before it starts any thread of its own.
 """
 
 from __future__ import annotations
@@ -101,7 +106,10 @@ class TileBatches(IterableDataset):
 
 
 def make_loader(dataset: TileBatches, workers: int, prefetch: int, pin: bool) -> DataLoader:
-    """A DataLoader over ready-made batches: `prefetch` batches queued per worker."""
+    """A DataLoader over ready-made batches: `prefetch` batches queued per worker.
+
+    Call iter() on it before starting threads: the workers fork then.
+    """
     return DataLoader(
         dataset,
         batch_size=None,
@@ -109,5 +117,5 @@ def make_loader(dataset: TileBatches, workers: int, prefetch: int, pin: bool) ->
         prefetch_factor=prefetch if workers else None,
         pin_memory=pin,
         persistent_workers=False,
-        multiprocessing_context="spawn" if workers else None,
+        multiprocessing_context="fork" if workers else None,
     )

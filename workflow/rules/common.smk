@@ -6,6 +6,7 @@ from snakemake.utils import validate
 
 from slidesnake.config_overrides import typed_sections
 from slidesnake.errors import SlidesnakeError
+from slidesnake.models import check_model_config
 from slidesnake.samples import read_sample_sheet
 
 config.update(typed_sections(config))
@@ -17,6 +18,11 @@ except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
 validate(samples, "../schemas/samples.schema.yaml")
 
+try:
+    check_model_config(config["model"], config["tiles"])
+except SlidesnakeError as err:
+    raise WorkflowError(str(err)) from None
+
 
 wildcard_constraints:
     slide_id="|".join(re.escape(slide_id) for slide_id in samples.index),
@@ -27,8 +33,13 @@ def cohort_targets():
     return expand(
         "results/{slide_id}/{name}",
         slide_id=samples.index,
-        name=["tiles.parquet", "qc_tiles.png"],
+        name=["qc_tiles.png", "embeddings.zarr", "metrics.json"],
     )
+
+
+def embed_settings():
+    """The config sections the embedding job reads."""
+    return {key: config[key] for key in ("model", "loader", "output", "embed")}
 
 
 def slide_path(wildcards):

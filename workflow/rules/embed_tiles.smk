@@ -1,0 +1,20 @@
+rule embed_tiles:
+    input:
+        slide=slide_path,
+        tiles="results/{slide_id}/tiles.parquet",
+    output:
+        zarr=directory("results/{slide_id}/embeddings.zarr"),
+        metrics="results/{slide_id}/metrics.json",
+    log:
+        "logs/{slide_id}/embed_tiles.log",
+    conda:
+        "../../envs/slidesnake.yaml"
+    threads: config["loader"]["workers"] + 1
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    params:
+        settings=embed_settings(),
+        gpu_ids=config["gpu"]["ids"],
+    script:
+        "../../scripts/embed_tiles.py"

@@ -2,8 +2,10 @@
 
 from importlib.metadata import version
 
+from slidesnake.embedding_store import export_h5, load_embeddings
 from slidesnake.errors import (
     ConfigError,
+    ModelError,
     MppError,
     SampleSheetError,
     SlideError,
@@ -19,6 +21,7 @@ __version__ = version("slidesnake")
 
 __all__ = [
     "ConfigError",
+    "ModelError",
     "MppError",
     "SampleSheetError",
     "Slide",
@@ -28,6 +31,8 @@ __all__ = [
     "SlidesnakeError",
     "TissueMask",
     "__version__",
+    "export_h5",
+    "load_embeddings",
     "load_mask",
     "read_tiles",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import zipfile
 from pathlib import Path
 
@@ -86,21 +87,39 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def fetch_from_hub(hub_id: str) -> Path:
-    """A hub checkpoint from the local cache or the network; fails at once when offline."""
-    repo = hub_id.removeprefix("hf-hub:")
-    advice = (
-        f"download the weights of {repo} on a machine with internet access and set "
-        "model.checkpoint to the local file (e.g. model.safetensors)"
-    )
+    """A hub checkpoint from the local cache, else from the network; fails at once offline.
+
+    The hub client retries an unreachable host for about a minute per file; a job on a
+    compute node without internet must instead say at once what to do.
+    """
     from huggingface_hub import hf_hub_download
 
-    for filename in ("model.safetensors", "pytorch_model.bin"):
+    repo = hub_id.removeprefix("hf-hub:")
+    online = not _offline() and _reachable(HUB_HOST)
+    for filename in HUB_FILES:
         try:
-            return Path(hf_hub_download(repo, filename, local_files_only=_offline()))
-        except Exception as err:  # offline, gated or missing: all end the same way
+            return Path(hf_hub_download(repo, filename, local_files_only=not online))
+        except Exception as err:  # missing, gated, or not cached: try the next name
             last = err
-    raise ModelError(f"model weights '{hub_id}' are not available here ({last}); {advice}")
+    where = "the hub refused them" if online else f"{HUB_HOST} cannot be reached from here"
+    raise ModelError(
+        f"model weights '{hub_id}' are not in the local Hugging Face cache and {where} "
+        f"({type(last).__name__}); download the weights of {repo} ({HUB_FILES[0]}) on a machine "
+        "with internet access and set model.checkpoint to the local file"
+    )
+
+
+HUB_HOST = "huggingface.co"
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+def _reachable(host: str, timeout_s: float = 3.0) -> bool:
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True

@@ -87,7 +87,7 @@ def build_embedder(
                 "model.name 'custom' needs model.checkpoint to be a .pt2 or TorchScript program"
             )
         dtype = model_dtype(precision, device)
-        network = _timm_network(spec, input_size)
+        network = build_network(spec, input_size)
         if path is None:
             log.warning(
                 "!!! model '%s' has RANDOM WEIGHTS (model.weights: random): its embeddings "
@@ -95,8 +95,8 @@ def build_embedder(
                 spec.name,
             )
         else:
-            _fill(network, load_state_dict(path), path, spec)
-        network = _Pooled(network, spec.output).to(device=device, dtype=dtype).eval()
+            _fill(network.network, load_state_dict(path), path, spec)
+        network = network.to(device=device, dtype=dtype).eval()
     embedder = Embedder(spec, network, device, dtype, input_size, 0, sha256(path) if path else None)
     embedder.dim = _probe_dim(embedder)
     return embedder
@@ -114,6 +114,14 @@ def _checkpoint_path(spec: ModelSpec, weights: str, checkpoint: str | None) -> P
     if not path.is_file():
         raise ModelError(f"model.checkpoint {path} does not exist; correct the path")
     return path
+
+
+def build_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
+    """The timm architecture of `spec` with random weights, pooled to one vector per tile.
+
+    Built on whatever device is current: under `torch.device("meta")` it costs nothing.
+    """
+    return _Pooled(_timm_network(spec, input_size), spec.output)
 
 
 def _timm_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
@@ -175,8 +183,14 @@ def _probe_dim(embedder: Embedder) -> int:
     try:
         out = embedder(blank)
     except Exception as err:
+        hint = (
+            "; export programs with a dynamic batch dimension "
+            "(torch.export.export(..., dynamic_shapes=({0: torch.export.Dim('batch')},)))"
+            if embedder.spec.architecture is None
+            else ""
+        )
         raise ModelError(
-            f"model '{embedder.spec.name}' fails on a {embedder.input_size} px tile ({err})"
+            f"model '{embedder.spec.name}' fails on a {embedder.input_size} px tile ({err}){hint}"
         ) from None
     if out.ndim != 2 or out.shape[0] != 1:
         raise ModelError(

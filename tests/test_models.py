@@ -1,0 +1,216 @@
+"""The model registry, config checks and weights in every format a user may have."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+from slidesnake.checkpoints import sha256
+from slidesnake.embedder import build_embedder, build_network
+from slidesnake.errors import ConfigError, ModelError
+from slidesnake.models import (
+    BIOPTIMUS_MEAN,
+    BIOPTIMUS_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    REGISTRY,
+    check_model_config,
+    model_spec,
+)
+
+CPU = torch.device("cpu")
+TILES = {"size": 224, "mpp": 0.5}
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_registry_architectures_give_the_declared_width(name):
+    spec = REGISTRY[name]
+    with torch.device("meta"):  # shapes only: a ViT-g costs nothing here
+        network = build_network(spec, spec.input_size)
+        out = network(torch.empty(2, 3, spec.input_size, spec.input_size))
+    assert tuple(out.shape) == (2, spec.dim)
+
+
+def test_h_optimus_matches_its_model_card():
+    spec = REGISTRY["h-optimus-0"]
+    assert (spec.mean, spec.std) == (BIOPTIMUS_MEAN, BIOPTIMUS_STD)
+    assert (spec.input_size, spec.mpp, spec.output, spec.dim) == (224, 0.5, "cls", 1536)
+    with torch.device("meta"):
+        vit = build_network(spec, 224).network
+    assert vit.patch_embed.patch_size == (14, 14)
+    assert vit.num_reg_tokens == 4
+    assert not vit.patch_embed.dynamic_img_pad and not vit.dynamic_img_size
+    assert sum(p.numel() for p in vit.parameters()) > 1.1e9
+
+
+def test_user_normalisation_overrides_the_models():
+    spec = model_spec("uni", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    assert (spec.mean, spec.std) == ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    assert model_spec("timm:resnet18").mean == IMAGENET_MEAN
+
+
+@pytest.mark.parametrize(
+    ("model", "tiles", "message"),
+    [
+        ({"name": "h-optimus-0"}, {"size": 256, "mpp": 0.5}, "set tiles.size: 224"),
+        ({"name": "uni"}, {"size": 224, "mpp": 1.0}, "set tiles.mpp: 0.5"),
+        ({"name": "dino-9000"}, TILES, "model.name 'dino-9000' is unknown"),
+        ({"name": "h-optimus-1", "checkpoint": "nowhere.safetensors"}, TILES, "does not exist"),
+        ({"name": "timm:resnet18"}, TILES, "needs model.checkpoint"),
+    ],
+)
+def test_config_mistakes_are_found_before_any_job(model, tiles, message):
+    with pytest.raises(ConfigError, match=message):
+        check_model_config({"weights": "checkpoint", **model}, tiles)
+
+
+def test_timm_models_take_any_tile_size():
+    check_model_config({"name": "timm:resnet18", "weights": "random"}, {"size": 256, "mpp": 1})
+
+
+def tiny_vit() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("test_vit", num_classes=0, img_size=224).eval()
+
+
+def tiles_batch() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8, generator=generator)
+
+
+def reference(network: torch.nn.Module, tiles: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    with torch.inference_mode():
+        return network((tiles.permute(0, 3, 1, 2) / 255.0 - mean) / std)
+
+
+def save_safetensors(network, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in network.state_dict().items()}, str(path))
+    return path
+
+
+def save_state_dict(network, path: Path) -> Path:
+    torch.save(network.state_dict(), path)
+    return path
+
+
+def save_wrapped_state_dict(network, path: Path) -> Path:
+    torch.save({"epoch": 3, "state_dict": network.state_dict()}, path)
+    return path
+
+
+def export(network, dtype=torch.float32) -> torch.export.ExportedProgram:
+    """Export with a dynamic batch, as a user must: the last batch of a slide is short."""
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    example = (torch.zeros(2, 3, 224, 224, dtype=dtype),)
+    return torch.export.export(network, example, dynamic_shapes=({0: batch},))
+
+
+def save_export(network, path: Path) -> Path:
+    torch.export.save(export(network), str(path))
+    return path
+
+
+def save_torchscript(network, path: Path) -> Path:
+    torch.jit.save(torch.jit.trace(network, torch.zeros(2, 3, 224, 224)), str(path))
+    return path
+
+
+FORMATS = {
+    "model.safetensors": ("timm:test_vit", save_safetensors),
+    "weights.pt": ("timm:test_vit", save_state_dict),
+    "checkpoint.pth": ("timm:test_vit", save_wrapped_state_dict),
+    "pytorch_model.bin": ("timm:test_vit", save_state_dict),
+    "program.pt2": ("custom", save_export),
+    "scripted.pt": ("custom", save_torchscript),
+}
+
+
+@pytest.mark.parametrize("filename", sorted(FORMATS))
+def test_every_weight_format_gives_the_models_own_output(tmp_path, filename):
+    name, save = FORMATS[filename]
+    network = tiny_vit()
+    path = save(network, tmp_path / filename)
+    embedder = build_embedder(model_spec(name), "checkpoint", str(path), 224, CPU, "fp32")
+    tiles = tiles_batch()
+    torch.testing.assert_close(embedder(tiles), reference(network, tiles), atol=1e-5, rtol=1e-5)
+    assert embedder.dim == 64
+    assert embedder.weights_sha256 == sha256(path)
+
+
+def test_a_program_runs_in_the_dtype_it_was_exported_in(tmp_path):
+    torch.export.save(export(tiny_vit().to(torch.bfloat16), torch.bfloat16), tmp_path / "bf16.pt2")
+    embedder = build_embedder(
+        model_spec("custom"), "checkpoint", str(tmp_path / "bf16.pt2"), 224, CPU, "fp32"
+    )
+    assert embedder.dtype == torch.bfloat16
+    assert embedder(tiles_batch()).dtype == torch.bfloat16
+
+
+def truncated(tmp_path: Path) -> Path:
+    path = save_safetensors(tiny_vit(), tmp_path / "model.safetensors")
+    path.write_bytes(path.read_bytes()[:5000])
+    return path
+
+
+def other_architecture(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    resnet = timm.create_model("test_resnet", num_classes=0)
+    return save_safetensors(resnet, tmp_path / "resnet.safetensors")
+
+
+def garbage_program(tmp_path: Path) -> Path:
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"PK\x03\x04 not really a program")
+    return path
+
+
+def static_batch_program(tmp_path: Path) -> Path:
+    program = torch.export.export(tiny_vit(), (torch.zeros(8, 3, 224, 224),))
+    torch.export.save(program, str(tmp_path / "static.pt2"))
+    return tmp_path / "static.pt2"
+
+
+def not_a_program(tmp_path: Path) -> Path:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x07")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "message"),
+    [
+        (truncated, "timm:test_vit", "corrupt or truncated"),
+        (other_architecture, "timm:test_vit", "does not fit architecture test_vit"),
+        (garbage_program, "custom", "not a readable .pt2 program"),
+        (static_batch_program, "custom", "export programs with a dynamic batch dimension"),
+        (not_a_program, "timm:test_vit", "unknown format '.onnx'"),
+    ],
+)
+def test_bad_checkpoints_fail_with_a_clear_message(tmp_path, make, name, message):
+    path = make(tmp_path)
+    with pytest.raises(ModelError, match=message):
+        build_embedder(model_spec(name), "checkpoint", str(path), 224, CPU, "fp32")
+
+
+def test_a_hub_id_fails_at_once_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(ModelError, match=r"set model\.checkpoint to the local file"):
+        build_embedder(model_spec("h-optimus-0"), "checkpoint", None, 224, CPU, "fp16")
+    assert time.monotonic() - started < 10
+
+
+def test_fp16_on_a_cpu_runs_in_fp32_and_says_so(caplog):
+    embedder = build_embedder(model_spec("timm:test_vit"), "random", None, 224, CPU, "fp16")
+    assert embedder.dtype == torch.float32
+    assert "fp16 is not supported on the CPU" in caplog.text
+    assert "RANDOM WEIGHTS" in caplog.text

@@ -1,7 +1,11 @@
 """The real Snakemake workflow on synthetic slides: outputs, no-op re-runs, increments."""
 
+import json
+
+import numpy as np
 import pytest
 
+from slidesnake import load_embeddings
 from slidesnake.maskfile import load_mask
 from slidesnake.synthetic import random_blobs, write_slide
 from slidesnake.tile_table import read_tiles
@@ -37,6 +41,12 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
         tiles, geometry = read_tiles(workflow.result(slide_id, "tiles.parquet"))
         assert len(tiles) > 0 and geometry.target_mpp == 0.5
         assert "tiles of 224 px" in workflow.log(slide_id, "make_tile_coords")
+        features, coords, attrs = load_embeddings(workflow.result(slide_id, "embeddings.zarr"))
+        assert features.shape == (len(tiles), 64) and features.dtype == np.float16
+        np.testing.assert_array_equal(coords, tiles[["x", "y"]].to_numpy())
+        assert attrs["slide_id"] == slide_id and attrs["model"] == "timm:test_vit"
+        metrics = json.loads(workflow.result(slide_id, "metrics.json").read_text())
+        assert metrics["tiles"] == len(tiles)
     assert len(read_tiles(workflow.result("rect", "tiles.parquet"))[0]) == 80
     assert load_mask(workflow.result("blobs", "tissue_mask.png")).mpp == pytest.approx(8.0)
     before = mtimes(workflow, ["rect", "blobs"])
@@ -66,6 +76,7 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
     retiled = workflow.run("--config", "tiles={stride: 112}")
     assert jobs_run(retiled, "make_tissue_mask") == []
     assert jobs_run(retiled, "make_tile_coords") == ["blobs", "new", "rect"]
+    assert jobs_run(retiled, "embed_tiles") == ["blobs", "new", "rect"]
     after = mtimes(workflow, ["rect", "blobs"])
     for slide_id in ("rect", "blobs"):
         for name in ("tissue_mask.png", "qc_mask.png"):
@@ -80,6 +91,14 @@ def test_invalid_config_stops_before_any_job(workflow, rect_slide):
     result = workflow.run("--config", "tiles={mask_threshold: 2}", check=False)
     assert result.returncode != 0
     assert "mask_threshold" in result.stderr
+    assert not (workflow.dir / "results").exists()
+
+
+def test_a_model_that_does_not_fit_the_tiles_stops_before_any_job(workflow, rect_slide):
+    workflow.sheet([("rect", rect_slide)])
+    result = workflow.run("--config", "model={name: h-optimus-0}", "tiles={size: 256}", check=False)
+    assert result.returncode != 0
+    assert "model 'h-optimus-0' takes 224 px tiles but tiles.size is 256" in result.stderr
     assert not (workflow.dir / "results").exists()
 
 

@@ -6,7 +6,8 @@ from slidesnake.jobs import run_job
 # Before torch is imported: CUDA must see only the claimed GPU.
 claim_gpu(snakemake.params.gpu_ids)
 
-from slidesnake.embedding import EmbedSettings, embed_slide  # noqa: E402
+from slidesnake.embed_settings import EmbedSettings  # noqa: E402
+from slidesnake.embedding import embed_slide  # noqa: E402
 
 run_job(
     lambda: embed_slide(

@@ -1,12 +1,14 @@
-"""The `slidesnake` command: the stages without Snakemake, and slide generators."""
+"""The `slidesnake` command: the stages without Snakemake, a benchmark, slide generators."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from slidesnake.demo import write_demo_slides
+from slidesnake.embed_settings import DEMO, EmbedSettings
 from slidesnake.jobs import run_job
 from slidesnake.stages import make_tile_coords, make_tissue_mask
 from slidesnake.synthetic import random_blobs, write_slide
@@ -43,8 +45,92 @@ def main(argv: Sequence[str] | None = None) -> None:
     tiles.add_argument("--stride", type=int, default=None)
     tiles.add_argument("--mask-threshold", type=float, default=TileParams.mask_threshold)
 
+    embed = commands.add_parser("embed", help="embed the tiles of one slide")
+    embed.add_argument("slide")
+    embed.add_argument("tiles", help="the slide's tiles.parquet")
+    embed.add_argument("outdir", help="where embeddings.zarr and metrics.json go")
+    _add_model_arguments(embed)
+
+    export = commands.add_parser("export-h5", help="embeddings.zarr as TRIDENT/CLAM's .h5")
+    export.add_argument("zarr")
+    export.add_argument("h5")
+
+    bench = commands.add_parser("bench", help="loader, model and end-to-end tiles/s")
+    bench.add_argument("--slide", type=Path, help="default: a synthetic 40x slide")
+    bench.add_argument("--mpp", type=float, help="level-0 µm/px, if the slide lacks it")
+    bench.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    bench.add_argument("--max-tiles", type=int, help="embed only the first N tiles")
+    bench.add_argument("--workdir", type=Path, help="slides and outputs (kept between runs)")
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    bench.add_argument("--json", type=Path, help="also write the results here")
+    _add_model_arguments(bench, bench=True)
+
     args = parser.parse_args(argv)
     run_job(lambda: _COMMANDS[args.command](args))
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:
+    defaults = DEMO if bench else EmbedSettings()
+    model = parser.add_argument_group("model and loader (config keys model.*, loader.*)")
+    model.add_argument("--model", default=defaults.model)
+    model.add_argument("--checkpoint")
+    model.add_argument("--weights", choices=["checkpoint", "random"], default=defaults.weights)
+    model.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default=defaults.precision)
+    model.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    if not bench:
+        model.add_argument("--workers", type=int, default=defaults.workers)
+    model.add_argument("--output-dtype", choices=["float16", "float32"], default="float16")
+
+
+def _settings(args: argparse.Namespace) -> EmbedSettings:
+    return EmbedSettings(
+        model=args.model,
+        checkpoint=args.checkpoint,
+        weights=args.weights,
+        precision=args.precision,
+        batch_size=args.batch_size,
+        workers=max(args.workers) if isinstance(args.workers, list) else args.workers,
+        output_dtype=args.output_dtype,
+    )
+
+
+def _embed(args: argparse.Namespace) -> None:
+    from slidesnake.embedding import embed_slide
+
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    embed_slide(
+        args.slide,
+        Path(args.slide).stem,
+        args.tiles,
+        out / "embeddings.zarr",
+        out / "metrics.json",
+        _settings(args),
+    )
+
+
+def _export_h5(args: argparse.Namespace) -> None:
+    from slidesnake.embedding_store import export_h5
+
+    export_h5(args.zarr, args.h5)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from slidesnake import bench
+
+    workdir = args.workdir or bench.default_workdir()
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = bench.run(
+        args.slide,
+        args.mpp,
+        args.workers,
+        args.max_tiles,
+        _settings(args),
+        workdir,
+        memory=not args.no_memory,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def _demo_slides(args: argparse.Namespace) -> None:
@@ -98,4 +184,7 @@ _COMMANDS = {
     "synthetic-slide": _synthetic_slide,
     "mask": _mask,
     "tiles": _tiles,
+    "embed": _embed,
+    "export-h5": _export_h5,
+    "bench": _bench,
 }

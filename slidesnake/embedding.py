@@ -14,8 +14,7 @@ import queue
 import resource
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 
 import slidesnake
 from slidesnake.atomic import atomic_output
+from slidesnake.embed_settings import EmbedSettings
 from slidesnake.embedder import Embedder, build_embedder
 from slidesnake.embedding_store import EmbeddingWriter
 from slidesnake.models import model_spec
@@ -32,35 +32,6 @@ from slidesnake.tile_loader import TileBatches, make_loader
 from slidesnake.tile_table import read_tiles
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EmbedSettings:
-    """model.*, loader.*, output.* and embed.* of the config."""
-
-    model: str = "h-optimus-0"
-    weights: str = "checkpoint"  # or "random" (demos and tests only)
-    checkpoint: str | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    precision: str = "fp16"
-    batch_size: int = 64
-    workers: int = 4
-    prefetch: int = 4
-    block: int = 4
-    output_dtype: str = "float16"
-    progress_s: float = 30.0
-    watchdog_s: float = 300.0
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Mapping[str, Any]]) -> EmbedSettings:
-        """Flatten the config sections into settings (model.name -> model, ...)."""
-        flat = {**config.get("model", {}), **config.get("loader", {})}
-        flat |= {f"output_{k}": v for k, v in config.get("output", {}).items()}
-        flat |= dict(config.get("embed", {}))
-        flat["model"] = flat.pop("name", cls.model)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in flat.items() if k in names and v is not None})
 
 
 def embed_slide(

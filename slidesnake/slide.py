@@ -1,8 +1,9 @@
 """An open whole-slide image: levels, resolution and RGB pixel reads.
 
-OpenSlide does the decoding for every format it supports; this class adds what the
-workflow needs on top: a resolved mpp, level choice by resolution, RGB numpy arrays with
-transparent areas as white background, and errors that name the slide.
+OpenSlide opens every format it supports; this class adds what the workflow needs on top:
+a resolved mpp, level choice by resolution, RGB numpy arrays with transparent areas as
+white background, and errors that name the slide. Reads of tiled JPEG TIFF levels skip
+OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives OpenSlide's own pixels.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import openslide
 
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.mpp import Mpp, resolve_mpp
+from slidesnake.tiff_tiles import TiffJpegLevels
 
 # A level this much coarser than asked still counts as "at" the asked resolution
 # (a 0.499 µm/px scan serves 0.5 µm/px tiles from level 0).
@@ -45,6 +47,7 @@ class Slide:
                 zip(self._osr.level_dimensions, self._osr.level_downsamples, strict=True)
             )
         )
+        self._tiff = TiffJpegLevels.open(self.path, self.vendor, self._osr.level_dimensions)
 
     def _open(self) -> openslide.OpenSlide:
         if not self.path.is_file():
@@ -102,8 +105,11 @@ class Slide:
         Transparent pixels (outside scanned areas) come back as white background.
         """
         try:
+            at = self._tiff_position(level, x, y)
+            if at is not None:
+                return self._tiff.read(level, *at, width, height)
             rgba = np.asarray(self._osr.read_region((x, y), level, (width, height)))
-        except openslide.OpenSlideError as err:
+        except Exception as err:  # OpenSlide's, or the JPEG decoder's, on a corrupt tile
             raise SlideReadError(
                 self.slide_id,
                 self.path,
@@ -111,11 +117,27 @@ class Slide:
                 "the file is corrupt; copy or export it again, or remove it from the sample sheet",
             ) from None
         rgb = rgba[..., :3].copy()
-        rgb[rgba[..., 3] == 0] = 255
+        if rgba[..., 3].min() < 255:
+            rgb[rgba[..., 3] == 0] = 255
         return rgb
+
+    def _tiff_position(self, level: int, x: int, y: int) -> tuple[int, int] | None:
+        """(x, y) in `level` px when the TIFF path gives OpenSlide's pixels, else None.
+
+        OpenSlide resamples reads that start between two pixels of the level; we only
+        take reads that start on a whole pixel.
+        """
+        if self._tiff is None or level not in self._tiff.pages:
+            return None
+        downsample = self.levels[level].downsample
+        if not downsample.is_integer() or x % downsample or y % downsample:
+            return None
+        return int(x // downsample), int(y // downsample)
 
     def close(self) -> None:
         self._osr.close()
+        if self._tiff is not None:
+            self._tiff.close()
 
     def __enter__(self) -> Slide:
         return self

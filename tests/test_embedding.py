@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from slidesnake import ModelError, export_h5, load_embeddings
-from slidesnake.embedding import EmbedSettings, embed_slide
+from slidesnake.embed_settings import EmbedSettings
+from slidesnake.embedding import embed_slide
 from slidesnake.embedding_store import EmbeddingWriter
 from slidesnake.progress import Progress
 from slidesnake.stages import make_tile_coords, make_tissue_mask

@@ -1,4 +1,5 @@
 import numpy as np
+import openslide
 import pytest
 
 from slidesnake.errors import SlideOpenError
@@ -38,3 +39,49 @@ def test_a_text_file_is_not_a_slide(tmp_path):
     with pytest.raises(SlideOpenError, match="does not recognise") as err:
         Slide(fake, "fake")
     assert "slide 'fake'" in str(err.value) and "Fix:" in str(err.value)
+
+
+def openslide_rgb(path, level, x, y, width, height) -> np.ndarray:
+    with openslide.OpenSlide(str(path)) as osr:
+        rgba = np.asarray(osr.read_region((x, y), level, (width, height)))
+    rgb = rgba[..., :3].copy()
+    rgb[rgba[..., 3] == 0] = 255
+    return rgb
+
+
+# Reads inside, across tile borders, past the right and bottom edges, and at level 1.
+READS = [(0, 0, 0, 300, 200), (0, 1000, 700, 900, 600), (0, 8700, 6900, 600, 500)]
+READS += [(1, 2000, 1600, 300, 250)]
+
+
+@pytest.mark.parametrize("slide", ["rect_slide", "blob_slide"])
+@pytest.mark.parametrize("read", READS)
+def test_tiff_reads_give_openslides_pixels(request, slide, read):
+    path = request.getfixturevalue(slide)
+    with Slide(path) as s:
+        assert s._tiff is not None, "tiled JPEG TIFF: the fast path is taken"
+        assert s._tiff_position(read[0], read[1], read[2]) is not None
+        np.testing.assert_array_equal(s.read(*read), openslide_rgb(path, *read))
+
+
+def test_reads_between_two_pixels_of_a_level_go_through_openslide(rect_slide):
+    with Slide(rect_slide) as s:
+        assert s._tiff_position(1, 1001, 700) is None  # level 1 is 4x: 1001 is not on a pixel
+        np.testing.assert_array_equal(
+            s.read(1, 1001, 700, 64, 64), openslide_rgb(rect_slide, 1, 1001, 700, 64, 64)
+        )
+
+
+@pytest.mark.real_slides
+def test_tiff_reads_of_a_real_scan_give_openslides_pixels(shared_slides):
+    path = shared_slides / "CMU-1-Small-Region.svs"  # JPEG stored as RGB, not YCbCr
+    with Slide(path) as s:
+        assert s._tiff is not None
+        for read in [(0, 0, 0, 500, 500), (0, 1000, 1500, 1300, 1600)]:
+            np.testing.assert_array_equal(s.read(*read), openslide_rgb(path, *read))
+
+
+@pytest.mark.real_slides
+def test_jpeg_2000_slides_are_read_by_openslide(shared_slides):
+    with Slide(shared_slides / "tcga-cr-7395-01a-01-ts1.svs", mpp=0.25) as s:
+        assert s._tiff is None

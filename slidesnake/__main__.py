@@ -1,0 +1,5 @@
+"""`python -m slidesnake`: the `slidesnake` command."""
+
+from slidesnake.cli import main
+
+main()

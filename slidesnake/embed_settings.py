@@ -1,0 +1,45 @@
+"""The settings of an embedding job: config sections model.*, loader.*, output.*, embed.*.
+
+Pure data without torch, so the command line and the workflow can read them cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """model.*, loader.*, output.* and embed.* of the config."""
+
+    model: str = "h-optimus-0"
+    weights: str = "checkpoint"  # or "random" (demos and tests only)
+    checkpoint: str | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    precision: str = "fp16"
+    batch_size: int = 64
+    workers: int = 4
+    prefetch: int = 4
+    block: int = 4
+    output_dtype: str = "float16"
+    progress_s: float = 30.0
+    watchdog_s: float = 300.0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Mapping[str, Any]]) -> EmbedSettings:
+        """Flatten the config sections into settings (model.name -> model, ...)."""
+        flat = {**config.get("model", {}), **config.get("loader", {})}
+        flat |= {f"output_{k}": v for k, v in config.get("output", {}).items()}
+        flat |= dict(config.get("embed", {}))
+        flat["model"] = flat.pop("name", cls.model)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in flat.items() if k in names and v is not None})
+
+
+# `make demo` and `slidesnake bench`: a small ViT that a CPU runs at ~20 tiles/s.
+DEMO = EmbedSettings(
+    model="timm:vit_tiny_patch16_224", weights="random", precision="fp32", batch_size=32
+)

@@ -36,6 +36,7 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/mask_tiles_scaling.py
+	$(BIN)/slidesnake bench
 
 clean:
 	rm -rf results logs demo .snakemake

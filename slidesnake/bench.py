@@ -27,7 +27,7 @@ from slidesnake.embedder import build_embedder
 from slidesnake.embedding import embed_slide
 from slidesnake.models import model_spec
 from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import random_blobs, write_slide
+from slidesnake.synthetic import Rect, random_blobs, write_slide
 from slidesnake.tile_loader import ReadPlan, TileBatches, make_loader
 from slidesnake.tile_table import read_tiles, write_tiles
 from slidesnake.tiling import TileParams
@@ -46,11 +46,15 @@ class TiledSlide:
         return len(read_tiles(self.tiles)[0])
 
 
-def synthetic_slide(directory: Path, width: int, height: int, mpp: float = 0.25) -> Path:
-    """A cached synthetic H&E-like Aperio slide of the given level-0 size."""
-    path = directory / f"bench-{width}x{height}-{mpp:g}.svs"
+def synthetic_slide(
+    directory: Path, width: int, height: int, mpp: float = 0.25, dense: bool = False
+) -> Path:
+    """A cached synthetic H&E-like Aperio slide; `dense`: tissue over 80% of it."""
+    path = directory / f"bench-{width}x{height}-{mpp:g}{'-dense' * dense}.svs"
     if not path.exists():
         shapes = random_blobs(width, height, count=8, seed=5)
+        if dense:
+            shapes = [Rect(width // 20, height // 20, width * 19 // 20, height * 19 // 20)]
         write_slide(path, width, height, shapes, mpp=mpp, levels=3, seed=5)
     return path
 
@@ -190,16 +194,16 @@ def _line(what: str, tiles_per_s: float, baseline: float) -> None:
 
 
 def memory_by_slide_size(settings: EmbedSettings, workdir: Path) -> list[dict[str, Any]]:
-    """Peak memory of whole jobs on a small and a 16x larger slide (fast model, fresh processes)."""
+    """Peak memory of whole jobs on a biopsy and on a dense slide with 100x the tiles."""
     fast = replace(settings, model="timm:test_vit")
-    print("peak memory of an embedding job (timm:test_vit, one process per job):")
+    print("peak memory of an embedding job (timm:test_vit, a fresh process per job):")
     rows = []
-    for width, height in ((6000, 4500), (24000, 18000)):
-        tiled = tile_slide(synthetic_slide(workdir, width, height), workdir)
+    for width, height, dense in ((3000, 2250, False), (24000, 18000, True)):
+        tiled = tile_slide(synthetic_slide(workdir, width, height, 0.5, dense), workdir)
         metrics = peak_memory(tiled, fast, workdir / f"memory-{width}")
         rows.append({"slide": tiled.path.name, **metrics})
         print(
-            f"  {tiled.path.name:<32} {metrics['tiles']:6d} tiles: main process "
+            f"  {tiled.path.name:<34} {metrics['tiles']:6d} tiles: main process "
             f"{metrics['peak_host_mb']:6.0f} MB, largest loader worker "
             f"{metrics['peak_worker_mb']:6.0f} MB"
         )

@@ -1,0 +1,41 @@
+"""The `slidesnake` command's embedding side: embed, export-h5 and bench on a small slide."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+
+from slidesnake import load_embeddings
+from slidesnake.cli import main
+
+
+def test_embed_then_export_from_the_command_line(tmp_path, blob_slide):
+    main(["mask", str(blob_slide), str(tmp_path)])
+    main(["tiles", str(blob_slide), str(tmp_path)])
+    model = ["--model", "timm:test_vit", "--weights", "random", "--precision", "fp32"]
+    main(["embed", str(blob_slide), str(tmp_path / "tiles.parquet"), str(tmp_path), *model])
+    features, coords, attrs = load_embeddings(tmp_path / "embeddings.zarr")
+    assert features.shape == (len(coords), 64) and attrs["model"] == "timm:test_vit"
+    main(["export-h5", str(tmp_path / "embeddings.zarr"), str(tmp_path / "slide.h5")])
+    with h5py.File(tmp_path / "slide.h5") as f:
+        np.testing.assert_array_equal(f["coords"][:], coords)
+
+
+def test_bench_measures_every_stage_on_the_same_slide(tmp_path, blob_slide, capsys):
+    main(
+        [
+            "bench", "--slide", str(blob_slide), "--workers", "1", "--max-tiles", "40",
+            "--model", "timm:test_vit", "--no-memory", "--workdir", str(tmp_path),
+            "--json", str(tmp_path / "bench.json"),
+        ]
+    )  # fmt: skip
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert results["tiles"] == 40
+    for key in ("per_tile_baseline", "loader_1_workers", "model_only"):
+        assert results[key] > 0
+    assert results["end_to_end"]["tiles"] == 40
+    printed = capsys.readouterr().out
+    assert "per-tile read_region + PIL resize (baseline)" in printed
+    assert "end to end, 1 workers" in printed

@@ -1,0 +1,66 @@
+"""GPU slots on a workstation: each job claims a different GPU, and a dead job frees its."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLAIM = """
+import os, sys, time
+from slidesnake.gpu_slots import claim_gpu
+print(claim_gpu(wait_s=float(sys.argv[1])), os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def pretend_gpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIDESNAKE_GPU_IDS", "7,9")
+    monkeypatch.setenv("SLIDESNAKE_GPU_LOCK_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def claim(wait_s: float = 0.0, hold_s: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", CLAIM, str(wait_s), str(hold_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+
+
+def test_each_job_gets_its_own_gpu_and_a_dead_jobs_gpu_is_free_again(pretend_gpus):
+    first, second = claim(hold_s=60), claim(hold_s=60)
+    try:
+        first_id, first_visible = first.stdout.readline().split()
+        second_id, second_visible = second.stdout.readline().split()
+        assert {first_id, second_id} == {"7", "9"}
+        assert (first_visible, second_visible) == (first_id, second_id)
+
+        third = claim(wait_s=0)
+        assert third.wait(timeout=60) != 0
+        assert "no free GPU among ['7', '9']" in third.stderr.read()
+
+        first.kill()  # SIGKILL: the kernel releases its lock, nobody has to clean up
+        first.wait()
+        fourth = claim()
+        assert fourth.stdout.readline().split() == [first_id, first_id]
+        fourth.wait(timeout=60)
+    finally:
+        for job in (first, second):
+            job.kill()
+            job.wait()
+
+
+def test_an_allocation_that_set_cuda_visible_devices_is_kept(monkeypatch, tmp_path):
+    monkeypatch.delenv("SLIDESNAKE_GPU_IDS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("SLIDESNAKE_GPU_LOCK_DIR", str(tmp_path))
+    job = claim()
+    assert job.stdout.readline().split() == ["3", "3"]
+    job.wait(timeout=60)
+    assert not list(tmp_path.iterdir()), "no lock taken: the allocation owns the GPU"

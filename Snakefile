@@ -19,6 +19,14 @@ localrules:
     all,
 
 
+onsuccess:
+    summarize_cohort()
+
+
+onerror:
+    summarize_cohort()
+
+
 rule all:
     default_target: True
     input:

@@ -14,11 +14,16 @@ from pathlib import Path
 
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `path`; rename it to `path` only if the block succeeds."""
+    """Yield a temporary sibling of `path`; rename it to `path` only if the block succeeds.
+
+    Temporaries left by a job killed with SIGKILL are removed first: Snakemake never runs
+    two jobs for one output at once, so any temporary found here is stale.
+    """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        _remove(stale)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    _remove(tmp)
     try:
         yield tmp
         _remove(final)

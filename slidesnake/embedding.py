@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import resource
 import threading
@@ -57,13 +58,15 @@ def embed_slide(
         slide_path, slide_id, coords, geometry, settings.batch_size, settings.block
     )
     log.info(
-        "slide '%s': %d tiles, model %s (%d-d, %s) on %s, %d loader workers, batch %d",
+        "slide '%s': %d tiles, model %s (%d-d, %s) on %s (CUDA_VISIBLE_DEVICES=%s), "
+        "%d loader workers, batch %d",
         slide_id,
         len(coords),
         spec.name,
         embedder.dim,
         str(embedder.dtype).removeprefix("torch."),
         device,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
         settings.workers,
         settings.batch_size,
     )

@@ -57,6 +57,17 @@ def write_sheet(path: Path, rows: list[tuple]) -> Path:
     return path
 
 
+def jobs_run(result: subprocess.CompletedProcess, rule: str) -> list[str]:
+    """slide ids of the jobs of `rule` that Snakemake started, from its output."""
+    lines = result.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == f"localrule {rule}:"]
+    ids = []
+    for i in starts:
+        wildcard = next(line for line in lines[i:] if "wildcards: slide_id=" in line)
+        ids.append(wildcard.split("slide_id=")[1].strip())
+    return sorted(ids)
+
+
 class Workflow:
     """A scratch working directory with the project's default config (model: the tests'
     model) and a sample sheet."""
@@ -72,8 +83,8 @@ class Workflow:
     def sheet(self, rows: list[tuple]) -> Path:
         return write_sheet(self.dir / "config" / "samples.tsv", rows)
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        cmd = [
+    def command(self, *args: str) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "snakemake",
@@ -85,7 +96,9 @@ class Workflow:
             "2",
             *args,
         ]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(self.command(*args), capture_output=True, text=True)
         if check and result.returncode != 0:
             raise AssertionError(f"snakemake failed:\n{result.stdout}\n{result.stderr}")
         return result

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import jobs_run
 
 from slidesnake import load_embeddings
 from slidesnake.maskfile import load_mask
@@ -17,17 +18,6 @@ OUTPUTS = ("tissue_mask.png", "qc_mask.png", "tiles.parquet", "qc_tiles.png")
 
 def mtimes(workflow, slide_ids, names=OUTPUTS):
     return {(s, n): workflow.result(s, n).stat().st_mtime_ns for s in slide_ids for n in names}
-
-
-def jobs_run(result, rule):
-    """slide ids of the jobs of `rule` that Snakemake started, from its output."""
-    lines = result.stderr.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == f"localrule {rule}:"]
-    ids = []
-    for i in starts:
-        wildcard = next(line for line in lines[i:] if "wildcards: slide_id=" in line)
-        ids.append(wildcard.split("slide_id=")[1].strip())
-    return sorted(ids)
 
 
 def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_slide, tmp_path):

@@ -2,8 +2,10 @@ import re
 
 import pandas as pd
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
+from slidesnake.cohort import write_cohort_summary
 from slidesnake.config_overrides import typed_sections
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models import check_model_config
@@ -50,3 +52,14 @@ def sheet_mpp(wildcards):
     """The sample sheet's mpp for this slide, or None to read it from the slide."""
     mpp = samples.loc[wildcards.slide_id, "mpp"]
     return None if pd.isna(mpp) else float(mpp)
+
+
+def summarize_cohort():
+    """results/cohort.tsv, after every run, whether slides failed or not."""
+    table = write_cohort_summary(samples.index, "results", "logs", "results/cohort.tsv")
+    counts = table["status"].value_counts()
+    logger.info(
+        "cohort: "
+        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "pending"))
+        + " (results/cohort.tsv)"
+    )

@@ -46,3 +46,7 @@ class ConfigError(SlidesnakeError):
 
 class ModelError(SlidesnakeError):
     """A checkpoint that cannot be read, or that does not fit its architecture."""
+
+
+class GpuSlotError(SlidesnakeError):
+    """No GPU came free for an embedding job."""

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from slidesnake.errors import GpuSlotError
+
 log = logging.getLogger(__name__)
 
 IDS_VARIABLE = "SLIDESNAKE_GPU_IDS"  # e.g. "0,1,2,3"; pretend ids work for tests
@@ -67,6 +69,10 @@ def claim_gpu(configured: list[str] | None = None, wait_s: float = 3600.0) -> st
             log.info("claimed GPU %s (lock %s)", gpu, lock_dir / f"gpu-{gpu}.lock")
             return gpu
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no free GPU among {ids} after {wait_s:.0f} s")
+            raise GpuSlotError(
+                f"no free GPU among {ids} after {wait_s:.0f} s; run Snakemake with "
+                f"--resources gpu={len(ids)} (at most one embedding job per GPU), or list "
+                "more GPUs in gpu.ids"
+            )
         log.warning("all GPUs %s are taken; run with --resources gpu=%d. Waiting", ids, len(ids))
         time.sleep(5)

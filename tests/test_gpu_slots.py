@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import datetime
+from itertools import combinations
 
 import pytest
 
@@ -64,3 +66,32 @@ def test_an_allocation_that_set_cuda_visible_devices_is_kept(monkeypatch, tmp_pa
     assert job.stdout.readline().split() == ["3", "3"]
     job.wait(timeout=60)
     assert not list(tmp_path.iterdir()), "no lock taken: the allocation owns the GPU"
+
+
+def held(log: str) -> tuple[str, datetime, datetime]:
+    """(GPU id, when the job claimed it, when its embedding finished) from a job's log."""
+    lines = log.splitlines()
+    claim = next(line for line in lines if "claimed GPU" in line)
+    end = next(line for line in lines if " tiles in " in line)
+    gpu = claim.split("claimed GPU ")[1].split()[0]
+    return gpu, _timestamp(claim), _timestamp(end)
+
+
+def _timestamp(line: str) -> datetime:
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+@pytest.mark.workflow
+def test_k_gpus_keep_k_jobs_busy_and_never_share_one(workflow, blob_slide, pretend_gpus):
+    slide_ids = [f"slide-{i}" for i in range(5)]
+    workflow.sheet([(slide_id, blob_slide) for slide_id in slide_ids])
+    workflow.run("--resources", "gpu=2", "--config", "loader={workers: 0}")
+    spans = [held(workflow.log(slide_id, "embed_tiles")) for slide_id in slide_ids]
+    assert {gpu for gpu, _, _ in spans} == {"7", "9"}
+    for (gpu_a, start_a, end_a), (gpu_b, start_b, end_b) in combinations(spans, 2):
+        overlap = start_a < end_b and start_b < end_a
+        assert not (overlap and gpu_a == gpu_b), "two jobs on one GPU at once"
+    assert any(
+        start_a < end_b and start_b < end_a for (_, start_a, end_a), (_, start_b, end_b) in
+        combinations(spans, 2)
+    ), "the two GPUs were never busy at the same time"  # fmt: skip

@@ -87,7 +87,9 @@ def build_embedder(
                 "model.name 'custom' needs model.checkpoint to be a .pt2 or TorchScript program"
             )
         dtype = model_dtype(precision, device)
-        network = build_network(spec, input_size)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # random weights: the same in every job, for comparisons
+            network = build_network(spec, input_size)
         if path is None:
             log.warning(
                 "!!! model '%s' has RANDOM WEIGHTS (model.weights: random): its embeddings "

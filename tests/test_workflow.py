@@ -75,6 +75,11 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
     _, geometry = read_tiles(workflow.result("rect", "tiles.parquet"))
     assert geometry.stride == 112
 
+    # only a model setting changed: only embedding re-runs
+    remodelled = workflow.run("--config", "tiles={stride: 112}", "model={batch_size: 16}")
+    assert jobs_run(remodelled, "make_tile_coords") == []
+    assert jobs_run(remodelled, "embed_tiles") == ["blobs", "new", "rect"]
+
 
 def test_invalid_config_stops_before_any_job(workflow, rect_slide):
     workflow.sheet([("rect", rect_slide)])

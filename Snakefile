@@ -13,10 +13,12 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/tissue_mask.smk"
 include: "workflow/rules/tile_coords.smk"
 include: "workflow/rules/embed_tiles.smk"
+include: "workflow/rules/cohort_summary.smk"
 
 
 localrules:
     all,
+    summarize_cohort,
 
 
 onsuccess:
@@ -31,3 +33,4 @@ rule all:
     default_target: True
     input:
         cohort_targets(),
+        "results/cohort.html",

@@ -40,12 +40,50 @@ def last_error(log_dir: Path) -> str:
     return ""
 
 
+def cohort_table(slide_ids: Iterable[str], results: str | Path, logs: str | Path) -> pd.DataFrame:
+    """One row per slide, in sheet order, with the COLUMNS."""
+    rows = [slide_status(slide_id, Path(results), Path(logs)) for slide_id in slide_ids]
+    return pd.DataFrame(rows).reindex(columns=COLUMNS).astype({"tiles": "Int64"})
+
+
 def write_cohort_summary(
     slide_ids: Iterable[str], results: str | Path, logs: str | Path, path: str | Path
 ) -> pd.DataFrame:
     """Write the summary as a TSV and return it."""
-    rows = [slide_status(slide_id, Path(results), Path(logs)) for slide_id in slide_ids]
-    table = pd.DataFrame(rows).reindex(columns=COLUMNS).astype({"tiles": "Int64"})
+    table = cohort_table(slide_ids, results, logs)
     with atomic_output(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False)
     return table
+
+
+def write_cohort_html(
+    slide_ids: Iterable[str], results: str | Path, logs: str | Path, path: str | Path
+) -> None:
+    """The summary as a self-contained HTML table, for the Snakemake report."""
+    table = cohort_table(slide_ids, results, logs)
+    done = table[table["status"] == "done"]
+    totals = (
+        f"{len(done)} of {len(table)} slides done, {int(done['tiles'].sum())} tiles in "
+        f"{done['wall_s'].sum():.1f} s of embedding"
+    )
+    headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
+    headers["loader_wait_fraction"] = "loader wait"
+    html = table.rename(columns=headers).to_html(
+        index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0
+    )
+    with atomic_output(path) as tmp:
+        tmp.write_text(_PAGE.format(totals=totals, table=html))
+
+
+_PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>slidesnake cohort</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ padding: 0.3em 0.8em; text-align: right; border-bottom: 1px solid #ddd; }}
+th:first-child, td:first-child {{ text-align: left; }}
+</style></head>
+<body><h1>Cohort</h1><p>{totals}</p>
+{table}
+</body></html>
+"""

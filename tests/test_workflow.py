@@ -38,6 +38,10 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
         metrics = json.loads(workflow.result(slide_id, "metrics.json").read_text())
         assert metrics["tiles"] == len(tiles)
     assert len(read_tiles(workflow.result("rect", "tiles.parquet"))[0]) == 80
+    cohort = (workflow.dir / "results" / "cohort.html").read_text()
+    assert "2 of 2 slides done" in cohort and "<td>rect</td>" in cohort
+    workflow.run("--report", "report.html")
+    assert "cohort.html" in (workflow.dir / "report.html").read_text()
     assert load_mask(workflow.result("blobs", "tissue_mask.png")).mpp == pytest.approx(8.0)
     before = mtimes(workflow, ["rect", "blobs"])
 

@@ -4,7 +4,12 @@ rule embed_tiles:
         tiles="results/{slide_id}/tiles.parquet",
     output:
         zarr=directory("results/{slide_id}/embeddings.zarr"),
-        metrics="results/{slide_id}/metrics.json",
+        metrics=report(
+            "results/{slide_id}/metrics.json",
+            caption="../report/metrics.rst",
+            category="Embedding metrics",
+            labels={"slide": "{slide_id}"},
+        ),
     log:
         "logs/{slide_id}/embed_tiles.log",
     conda:

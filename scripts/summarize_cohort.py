@@ -1,0 +1,9 @@
+"""Snakemake script of rule summarize_cohort: the cohort table of the report."""
+
+from slidesnake.cohort import write_cohort_html
+from slidesnake.jobs import run_job
+
+run_job(
+    lambda: write_cohort_html(snakemake.params.slide_ids, "results", "logs", snakemake.output[0]),
+    log_path=snakemake.log[0],
+)

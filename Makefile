@@ -22,7 +22,7 @@ demo: install
 	@echo "Done. Per slide, under results/<slide_id>/:"
 	@echo "  tissue_mask.png  qc_mask.png (tissue outline)  tiles.parquet  qc_tiles.png (kept tiles)"
 	@echo "  embeddings.zarr (features, coords)  metrics.json (tiles/s, loader wait, memory)"
-	@echo "QC pictures of the whole cohort: results/report.html (open it in a browser)"
+	@echo "Cohort table, QC pictures and metrics: results/report.html (open it in a browser)"
 
 test: install
 	$(BIN)/pytest

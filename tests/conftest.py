@@ -72,8 +72,9 @@ class Workflow:
     """A scratch working directory with the project's default config (model: the tests'
     model) and a sample sheet."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, snakefile: Path = REPO / "Snakefile") -> None:
         self.dir = workdir
+        self.snakefile = snakefile
         (workdir / "config").mkdir(parents=True, exist_ok=True)
         config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
         for section, values in TEST_MODEL.items():
@@ -89,7 +90,7 @@ class Workflow:
             "-m",
             "snakemake",
             "--snakefile",
-            str(REPO / "Snakefile"),
+            str(self.snakefile),
             "--directory",
             str(self.dir),
             "--cores",

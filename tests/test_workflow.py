@@ -1,10 +1,11 @@
 """The real Snakemake workflow on synthetic slides: outputs, no-op re-runs, increments."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
-from conftest import jobs_run
+from conftest import REPO, Workflow, jobs_run
 
 from slidesnake import load_embeddings
 from slidesnake.maskfile import load_mask
@@ -108,3 +109,18 @@ def test_bad_sample_sheet_stops_before_any_job(workflow, rect_slide):
     assert "slide_id 'rect' appears more than once" in result.stderr
     assert "file not found: nowhere/x.svs" in result.stderr
     assert not (workflow.dir / "results").exists()
+
+
+def test_editing_a_script_without_changing_results_recomputes_nothing(tmp_path, blob_slide):
+    copy = tmp_path / "slidesnake"
+    copy.mkdir()
+    for part in ("Snakefile", "workflow", "scripts", "config", "envs", "profiles"):
+        source = REPO / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
+    workflow = Workflow(tmp_path / "run", snakefile=copy / "Snakefile")
+    workflow.sheet([("blobs", blob_slide)])
+    workflow.run()
+    script = copy / "scripts" / "embed_tiles.py"
+    script.write_text(script.read_text() + "# a comment that changes no result\n")
+    assert "Nothing to be done" in workflow.run().stderr
+    assert jobs_run(workflow.run("--forcerun", "embed_tiles"), "embed_tiles") == ["blobs"]

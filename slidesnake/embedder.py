@@ -23,7 +23,7 @@ from slidesnake.checkpoints import (
     sha256,
 )
 from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models import ModelSpec
+from slidesnake.models import ModelSpec, weights_source
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +105,10 @@ def build_embedder(
 
 
 def _checkpoint_path(spec: ModelSpec, weights: str, checkpoint: str | None) -> Path | None:
-    if weights == "random":
-        return None
-    source = checkpoint or spec.hub_id
+    source = weights_source(spec, weights, checkpoint)
     if source is None:
-        raise ConfigError(f"model '{spec.name}' needs model.checkpoint (a local weights file)")
-    if source.startswith("hf-hub:"):
-        return fetch_from_hub(source)
-    path = Path(source)
-    if not path.is_file():
-        raise ModelError(f"model.checkpoint {path} does not exist; correct the path")
-    return path
+        return None
+    return fetch_from_hub(source) if source.startswith("hf-hub:") else Path(source)
 
 
 def build_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:

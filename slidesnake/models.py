@@ -123,10 +123,17 @@ def check_model_config(model: dict[str, Any], tiles: dict[str, Any]) -> None:
     """Config errors of model.* found before any job runs: unknown model, wrong tiles, no file."""
     spec = model_spec(model["name"], model.get("mean"), model.get("std"))
     check_tiles_fit(spec, tiles["size"], tiles["mpp"])
-    checkpoint = model.get("checkpoint")
-    if model.get("weights") == "random":
-        return
-    if checkpoint is None and spec.hub_id is None:
+    weights_source(spec, model.get("weights", "checkpoint"), model.get("checkpoint"))
+
+
+def weights_source(spec: ModelSpec, weights: str, checkpoint: str | None) -> str | None:
+    """Where the weights come from: an existing local file, an `hf-hub:` id, or None for
+    random weights. Raises ConfigError when there is no source or the file is missing."""
+    if weights == "random":
+        return None
+    source = checkpoint or spec.hub_id
+    if source is None:
         raise ConfigError(f"model '{spec.name}' needs model.checkpoint (a local weights file)")
-    if checkpoint and not checkpoint.startswith("hf-hub:") and not Path(checkpoint).is_file():
-        raise ConfigError(f"model.checkpoint {checkpoint} does not exist; correct the path")
+    if not source.startswith("hf-hub:") and not Path(source).is_file():
+        raise ConfigError(f"model.checkpoint {source} does not exist; correct the path")
+    return source

@@ -80,7 +80,7 @@ class TileBatches(IterableDataset):
         with Slide(self.slide_path, self.slide_id, self.geometry.slide_mpp) as slide:
             for block in mine:
                 for row, tile in zip(block, self._read_block(slide, block), strict=True):
-                    batch.numpy()[filled], rows[filled] = tile, int(row)
+                    batch[filled], rows[filled] = torch.from_numpy(tile), int(row)
                     filled += 1
                     if filled == self.batch_size:
                         yield rows, batch

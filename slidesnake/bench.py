@@ -28,7 +28,7 @@ from slidesnake.embedding import embed_slide
 from slidesnake.models import model_spec
 from slidesnake.stages import make_tile_coords, make_tissue_mask
 from slidesnake.synthetic import Rect, random_blobs, write_slide
-from slidesnake.tile_loader import ReadPlan, TileBatches, make_loader
+from slidesnake.tile_loader import ReadPlan, TileBatches
 from slidesnake.tile_table import read_tiles, write_tiles
 from slidesnake.tiling import TileParams
 from slidesnake.tissue import TissueParams
@@ -101,7 +101,7 @@ def loader_only(slide: TiledSlide, settings: EmbedSettings) -> float:
         slide.path, slide.path.stem, coords, geometry, settings.batch_size, settings.block
     )
     started = time.perf_counter()
-    delivered = sum(len(rows) for rows, _ in make_loader(dataset, settings.workers, 4, False))
+    delivered = sum(len(rows) for rows, _ in dataset.stream(settings.workers, 4))
     return delivered / (time.perf_counter() - started)
 
 

@@ -22,7 +22,7 @@ class EmbedSettings:
     precision: str = "fp16"
     batch_size: int = 64
     workers: int = 4
-    prefetch: int = 4
+    prefetch: int = 2
     block: int = 4
     output_dtype: str = "float16"
     progress_s: float = 30.0

@@ -2,12 +2,15 @@
 
 OpenSlide opens every format it supports; this class adds what the workflow needs on top:
 a resolved mpp, level choice by resolution, RGB numpy arrays with transparent areas as
-white background, and errors that name the slide. Reads of tiled JPEG TIFF levels skip
-OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives OpenSlide's own pixels.
+white background, and errors that name the slide. Reads of tiled JPEG and JPEG 2000 TIFF
+levels skip OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives OpenSlide's
+own pixels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import openslide
 
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.mpp import Mpp, resolve_mpp
-from slidesnake.tiff_tiles import TiffJpegLevels
+from slidesnake.tiff_tiles import TiffTiledLevels, TiledLevel
 
 # A level this much coarser than asked still counts as "at" the asked resolution
 # (a 0.499 µm/px scan serves 0.5 µm/px tiles from level 0).
@@ -47,7 +50,7 @@ class Slide:
                 zip(self._osr.level_dimensions, self._osr.level_downsamples, strict=True)
             )
         )
-        self._tiff = TiffJpegLevels.open(self.path, self.vendor, self._osr.level_dimensions)
+        self._tiff = TiffTiledLevels.open(self.path, self.vendor, self._osr.level_dimensions)
 
     def _open(self) -> openslide.OpenSlide:
         if not self.path.is_file():
@@ -104,35 +107,37 @@ class Slide:
 
         Transparent pixels (outside scanned areas) come back as white background.
         """
-        try:
-            at = self._tiff_position(level, x, y)
-            if at is not None:
-                return self._tiff.read(level, *at, width, height)
+        with self.reading(level, x, y):
+            tiled, d = self.tiled_level(level), self.levels[level].downsample
+            if tiled is not None and x % d == 0 and y % d == 0:
+                return tiled.read(int(x // d), int(y // d), width, height)
             rgba = np.asarray(self._osr.read_region((x, y), level, (width, height)))
-        except Exception as err:  # OpenSlide's, or the JPEG decoder's, on a corrupt tile
+        rgb = rgba[..., :3].copy()
+        if rgba[..., 3].min() < 255:
+            rgb[rgba[..., 3] == 0] = 255
+        return rgb
+
+    def tiled_level(self, level: int) -> TiledLevel | None:
+        """`level` as compressed tiles we decode ourselves, where that gives OpenSlide's
+        pixels: a TIFF level of a codec we handle, at an integral downsample (OpenSlide
+        resamples the others). Reads must also start on a whole pixel of the level."""
+        if self._tiff is None or not self.levels[level].downsample.is_integer():
+            return None
+        return self._tiff.levels.get(level)
+
+    @contextmanager
+    def reading(self, level: int, x: int, y: int) -> Iterator[None]:
+        """Errors of a read (OpenSlide's, or a decoder's on a corrupt tile) as a
+        SlideReadError that names the slide and the place."""
+        try:
+            yield
+        except Exception as err:
             raise SlideReadError(
                 self.slide_id,
                 self.path,
                 f"pixels at level {level}, ({x}, {y}) could not be decoded ({err})",
                 "the file is corrupt; copy or export it again, or remove it from the sample sheet",
             ) from None
-        rgb = rgba[..., :3].copy()
-        if rgba[..., 3].min() < 255:
-            rgb[rgba[..., 3] == 0] = 255
-        return rgb
-
-    def _tiff_position(self, level: int, x: int, y: int) -> tuple[int, int] | None:
-        """(x, y) in `level` px when the TIFF path gives OpenSlide's pixels, else None.
-
-        OpenSlide resamples reads that start between two pixels of the level; we only
-        take reads that start on a whole pixel.
-        """
-        if self._tiff is None or level not in self._tiff.pages:
-            return None
-        downsample = self.levels[level].downsample
-        if not downsample.is_integer() or x % downsample or y % downsample:
-            return None
-        return int(x // downsample), int(y // downsample)
 
     def close(self) -> None:
         self._osr.close()

@@ -1,9 +1,10 @@
 """The CPU side of embedding: decode tiles in worker processes, hand over uint8 batches.
 
-Tiles are read in blocks of adjacent tiles ("supertiles") with one read per block, so each
-compressed slide tile is decoded about once instead of once per overlapping model tile.
-Blocks are taken band by band in row-major order and dealt round-robin to the workers, so
-the rows in flight stay close together and the output writer's buffer stays small.
+Tiles are read cell by cell (see tile_cells): a cell is a patch of adjacent tiles whose
+compressed slide tiles are decoded once and copied straight into the batch (see
+tile_readers). Cells are taken band by band in row-major order and dealt round-robin to
+the workers, so the rows in flight stay close together and the output writer's buffer
+stays small.
 
 Workers are forked: a spawned worker re-imports torch (seconds per worker and per slide)
 and re-runs the caller's main module, which breaks Snakemake scripts and notebooks. Forking
@@ -22,7 +23,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from slidesnake.batch_ring import BatchRing
 from slidesnake.slide import Slide
+from slidesnake.tile_cells import plan_cells
+from slidesnake.tile_readers import CompressedTiles, RegionReads
 from slidesnake.tiling import TileGeometry
 
 
@@ -40,19 +44,25 @@ class ReadPlan:
         return cls(geometry.read_level, geometry.read_downsample, tile_px)
 
 
-def tile_blocks(coords: np.ndarray, geometry: TileGeometry, block: int) -> list[np.ndarray]:
-    """Row indices of `coords` grouped into block x block cells of the grid, row-major."""
-    if len(coords) == 0:
-        return []
-    cell = block * geometry.stride_level0
-    keys = (coords[:, 1] // cell) * (coords[:, 0].max() // cell + 1) + coords[:, 0] // cell
-    order = np.argsort(keys, kind="stable")
-    bounds = np.flatnonzero(np.diff(keys[order])) + 1
-    return np.split(order, bounds)
+def tile_reader(
+    slide: Slide, plan: ReadPlan, coords: np.ndarray
+) -> tuple[CompressedTiles | RegionReads, np.ndarray]:
+    """The reader for these tiles and their positions in its units: read-level px where
+    we decode the compressed tiles (every tile starts on a whole pixel of the level),
+    level-0 px where OpenSlide reads regions."""
+    tiled = slide.tiled_level(plan.level)
+    d = int(plan.downsample)
+    if tiled is not None and not (coords % d).any():
+        return CompressedTiles(slide, plan.level, tiled, plan.tile_px), coords // d
+    return RegionReads(slide, plan.level, plan.downsample, plan.tile_px), coords
 
 
 class TileBatches(IterableDataset):
-    """Yields (row indices, uint8 tiles (B, h, w, 3)) batches; rows index the tile table."""
+    """The tiles of one slide as uint8 batches; use `stream()` to read them.
+
+    Iterating it (in a worker) yields tickets for the batches it filled in the shared
+    BatchRing: (row indices in the tile table, lane, slot, compressed tiles decoded so far).
+    """
 
     def __init__(
         self,
@@ -69,61 +79,84 @@ class TileBatches(IterableDataset):
         self.geometry = geometry
         self.plan = ReadPlan.from_geometry(geometry)
         self.batch_size = batch_size
-        self.blocks = tile_blocks(coords, geometry, block)
+        with self._open() as slide:
+            reader, _ = tile_reader(slide, self.plan, coords)
+            compressed = (
+                (reader.tiled.tile_width, reader.tiled.tile_height)
+                if isinstance(reader, CompressedTiles)
+                else None
+            )
+        step = round(geometry.stride_level0 / self.plan.downsample)
+        grid_xy = coords // geometry.stride_level0
+        self.cells = plan_cells(grid_xy, step, self.plan.tile_px, compressed, block)
+        self.ring: BatchRing | None = None
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    @property
+    def batch_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch_size, self.plan.tile_px, self.plan.tile_px, 3)
+
+    def _open(self) -> Slide:
+        return Slide(self.slide_path, self.slide_id, self.geometry.slide_mpp)
+
+    def stream(self, workers: int, prefetch: int) -> BatchStream:
+        """Start `workers` loader processes (0: read in this process), `prefetch` batches
+        ahead each. Call it before this process starts any thread: the workers fork now."""
+        self.ring = BatchRing(workers, prefetch + 1, self.batch_shape)
+        return BatchStream(self, workers, prefetch)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, int, int, int]]:
         info = get_worker_info()
-        mine = self.blocks[info.id :: info.num_workers] if info else self.blocks
-        shared = info is not None
-        rows, batch = self._new_batch(shared)
-        filled = 0
-        with Slide(self.slide_path, self.slide_id, self.geometry.slide_mpp) as slide:
-            for block in mine:
-                for row, tile in zip(block, self._read_block(slide, block), strict=True):
-                    batch[filled], rows[filled] = torch.from_numpy(tile), int(row)
+        lane = info.id if info else 0
+        mine = self.cells[lane :: info.num_workers] if info else self.cells
+        rows = np.empty(self.batch_size, np.int64)
+        filled, slot = 0, None
+        with self._open() as slide:
+            reader, positions = tile_reader(slide, self.plan, self.coords)
+            for cell in mine:
+                tiles = reader.open_cell(positions[cell])
+                for i, row in enumerate(cell):
+                    if slot is None:
+                        slot = self.ring.claim(lane)
+                    tiles.copy_tile(i, self.ring.tiles[lane, slot, filled])
+                    rows[filled] = row
                     filled += 1
                     if filled == self.batch_size:
-                        yield rows, batch
-                        rows, batch = self._new_batch(shared)
-                        filled = 0
-        if filled:
-            yield rows[:filled], batch[:filled]
-
-    def _new_batch(self, shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row and tile buffers; in a worker, in shared memory, so that handing a batch
-        to the main process copies nothing (a batch of 448 px tiles is ~20 MB)."""
-        px = self.plan.tile_px
-        rows = torch.empty(self.batch_size, dtype=torch.int64)
-        tiles = torch.empty((self.batch_size, px, px, 3), dtype=torch.uint8)
-        if shared:
-            rows.share_memory_()
-            tiles.share_memory_()
-        return rows, tiles
-
-    def _read_block(self, slide: Slide, block: np.ndarray) -> Iterator[np.ndarray]:
-        """One read for the block's bounding box, cut into its tiles."""
-        plan, xy = self.plan, self.coords[block]
-        x0, y0 = xy.min(axis=0)
-        span = xy.max(axis=0) - (x0, y0)
-        width = round(span[0] / plan.downsample) + plan.tile_px
-        height = round(span[1] / plan.downsample) + plan.tile_px
-        pixels = slide.read(plan.level, int(x0), int(y0), width, height)
-        for x, y in xy:
-            left, top = round((x - x0) / plan.downsample), round((y - y0) / plan.downsample)
-            yield pixels[top : top + plan.tile_px, left : left + plan.tile_px]
+                        yield rows.copy(), lane, slot, reader.decoded
+                        filled, slot = 0, None
+            if filled:
+                yield rows[:filled].copy(), lane, slot, reader.decoded
 
 
-def make_loader(dataset: TileBatches, workers: int, prefetch: int, pin: bool) -> DataLoader:
-    """A DataLoader over ready-made batches: `prefetch` batches queued per worker.
+class BatchStream:
+    """(rows, tiles) batches: tiles (B, h, w, 3) uint8 in shared memory, valid until the
+    next batch is asked for (its slot is then handed back to its worker)."""
 
-    Call iter() on it before starting threads: the workers fork then.
-    """
-    return DataLoader(
-        dataset,
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=prefetch if workers else None,
-        pin_memory=pin,
-        persistent_workers=False,
-        multiprocessing_context="fork" if workers else None,
-    )
+    def __init__(self, dataset: TileBatches, workers: int, prefetch: int):
+        self.ring = dataset.ring
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=workers,
+            prefetch_factor=prefetch if workers else None,
+            persistent_workers=False,
+            multiprocessing_context="fork" if workers else None,
+        )
+        self._tickets = iter(loader)  # forks the workers
+        self._held: int | None = None
+        self._decoded: dict[int, int] = {}
+
+    @property
+    def decoded(self) -> int:
+        """Compressed slide tiles decoded so far by all workers (0 where OpenSlide reads)."""
+        return sum(self._decoded.values())
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._held is not None:
+            self.ring.release(self._held)
+            self._held = None
+        rows, lane, slot, decoded = next(self._tickets)
+        self._held, self._decoded[lane] = lane, decoded
+        return torch.as_tensor(rows), self.ring.view(lane, slot, len(rows))

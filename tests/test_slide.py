@@ -59,14 +59,13 @@ READS += [(1, 2000, 1600, 300, 250)]
 def test_tiff_reads_give_openslides_pixels(request, slide, read):
     path = request.getfixturevalue(slide)
     with Slide(path) as s:
-        assert s._tiff is not None, "tiled JPEG TIFF: the fast path is taken"
-        assert s._tiff_position(read[0], read[1], read[2]) is not None
+        assert s.tiled_level(read[0]) is not None, "tiled JPEG TIFF: the fast path is taken"
         np.testing.assert_array_equal(s.read(*read), openslide_rgb(path, *read))
 
 
 def test_reads_between_two_pixels_of_a_level_go_through_openslide(rect_slide):
     with Slide(rect_slide) as s:
-        assert s._tiff_position(1, 1001, 700) is None  # level 1 is 4x: 1001 is not on a pixel
+        assert 1001 % s.levels[1].downsample  # level 1 is 4x: 1001 is not on a pixel
         np.testing.assert_array_equal(
             s.read(1, 1001, 700, 64, 64), openslide_rgb(rect_slide, 1, 1001, 700, 64, 64)
         )
@@ -76,12 +75,19 @@ def test_reads_between_two_pixels_of_a_level_go_through_openslide(rect_slide):
 def test_tiff_reads_of_a_real_scan_give_openslides_pixels(shared_slides):
     path = shared_slides / "CMU-1-Small-Region.svs"  # JPEG stored as RGB, not YCbCr
     with Slide(path) as s:
-        assert s._tiff is not None
+        assert s.tiled_level(0) is not None
         for read in [(0, 0, 0, 500, 500), (0, 1000, 1500, 1300, 1600)]:
             np.testing.assert_array_equal(s.read(*read), openslide_rgb(path, *read))
 
 
 @pytest.mark.real_slides
-def test_jpeg_2000_slides_are_read_by_openslide(shared_slides):
-    with Slide(shared_slides / "tcga-cr-7395-01a-01-ts1.svs", mpp=0.25) as s:
-        assert s._tiff is None
+def test_aperio_jpeg_2000_tiles_are_decoded_to_openslides_pixels(shared_slides):
+    path = shared_slides / "tcga-cr-7395-01a-01-ts1.svs"  # RGB JPEG 2000 (33005)
+    with Slide(path, mpp=0.25) as s:
+        assert s.tiled_level(0) is not None
+        for read in [(0, 0, 0, 300, 300), (0, 1900, 1500, 700, 600), (0, 4200, 3400, 400, 300)]:
+            np.testing.assert_array_equal(s.read(*read), openslide_rgb(path, *read))
+        assert s.tiled_level(1) is None, "downsample 2.001: OpenSlide resamples, so it reads"
+        np.testing.assert_array_equal(
+            s.read(1, 2002, 1600, 200, 200), openslide_rgb(path, 1, 2002, 1600, 200, 200)
+        )

@@ -11,7 +11,7 @@ from slidesnake.demo import write_demo_slides
 from slidesnake.embed_settings import DEMO, EmbedSettings
 from slidesnake.jobs import run_job
 from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import random_blobs, write_slide
+from slidesnake.synthetic import BENCH_SLIDES, random_blobs, write_slide
 from slidesnake.tiling import TileParams
 from slidesnake.tissue import TissueParams
 
@@ -55,11 +55,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     export.add_argument("zarr")
     export.add_argument("h5")
 
-    bench = commands.add_parser("bench", help="loader, model and end-to-end tiles/s")
-    bench.add_argument("--slide", type=Path, help="default: a synthetic 40x slide")
+    bench = commands.add_parser("bench", help="decode limit, loader, model, end-to-end tiles/s")
+    bench.add_argument("--slide", type=Path, help="default: a generated slide, see --synthetic")
+    bench.add_argument("--synthetic", choices=sorted(BENCH_SLIDES), default="40x")
     bench.add_argument("--mpp", type=float, help="level-0 µm/px, if the slide lacks it")
-    bench.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    bench.add_argument("--max-tiles", type=int, help="embed only the first N tiles")
+    bench.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="e.g. 1 2 4 8 16")
+    bench.add_argument("--repeats", type=int, default=3, help="rounds of limit and loader")
+    bench.add_argument("--max-tiles", type=int, help="only the first N tiles of the slide")
+    bench.add_argument("--end-to-end-s", type=float, default=20.0, help="model-seconds of tiles")
     bench.add_argument("--workdir", type=Path, help="slides and outputs (kept between runs)")
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     bench.add_argument("--json", type=Path, help="also write the results here")
@@ -120,15 +123,14 @@ def _bench(args: argparse.Namespace) -> None:
 
     workdir = args.workdir or bench.default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
-    results = bench.run(
-        args.slide,
-        args.mpp,
-        args.workers,
-        args.max_tiles,
-        _settings(args),
-        workdir,
+    options = bench.BenchOptions(
+        workers=tuple(args.workers),
+        repeats=args.repeats,
+        max_tiles=args.max_tiles,
+        end_to_end_s=args.end_to_end_s,
         memory=not args.no_memory,
     )
+    results = bench.run(args.slide, args.mpp, args.synthetic, options, _settings(args), workdir)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

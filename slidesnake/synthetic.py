@@ -157,6 +157,11 @@ def _with_noise(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+# `slidesnake bench`'s slides (width, height, mpp): 0.5 µm/px tiles need a 2x downsample
+# from the 40x one and none from the 20x one.
+BENCH_SLIDES = {"40x": (24000, 18000, 0.25), "20x": (24000, 18000, 0.5)}
+
+
 def write_slide(
     path: str | Path,
     width: int,

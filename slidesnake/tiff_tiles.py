@@ -15,20 +15,45 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
+import imagecodecs
 import numpy as np
 import tifffile
+from tifffile.tifffile import jpeg_decode_colorspace
 
 # TIFF compression codes we decode. Aperio's YCbCr JPEG 2000 (33003) is left to OpenSlide:
 # it converts the colours itself and we have no such slide to check against.
-JPEG, APERIO_J2K_RGB = 7, 33005
-CODECS = {JPEG, APERIO_J2K_RGB}
+CODECS = {7: "JPEG", 33005: "JPEG 2000"}
 VENDORS = {"aperio", "generic-tiff"}
 
 # A compressed tile by (row, column) of its level's tile grid; None where the scanner
 # skipped it (background).
 TileSource = Callable[[int, int], "np.ndarray | None"]
+
+
+class Piece(NamedTuple):
+    """The part of compressed tile (row, col) that a read needs: where it is in the tile
+    (`source`) and where it goes in the read (`target`), as (rows, columns) slices."""
+
+    row: int
+    col: int
+    source: tuple[slice, slice]
+    target: tuple[slice, slice]
+
+
+def paint_pieces(pieces: list[Piece], inside: bool, out: np.ndarray, tiles: TileSource) -> None:
+    """Copy each piece from its compressed tile into `out`; white where there is none."""
+    if not inside:
+        out.fill(255)
+    for piece in pieces:
+        tile = tiles(piece.row, piece.col)
+        if tile is None:
+            out[piece.target] = 255
+        else:
+            out[piece.target] = tile[piece.source]
 
 
 class TiledLevel:
@@ -39,45 +64,43 @@ class TiledLevel:
         self.width, self.height = page.imagewidth, page.imagelength
         self.tile_width, self.tile_height = page.tilewidth, page.tilelength
         self.across = -(-self.width // self.tile_width)
+        self.codec = CODECS[page.compression]
+        self._decode = _decoder(page)
 
-    def decode(self, row: int, col: int) -> np.ndarray | None:
-        """The RGB pixels of compressed tile (row, col), full tile size even at the edges."""
+    def decode(self, row: int, col: int, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The RGB pixels of compressed tile (row, col), full tile size even at the edges,
+        into `out` if given (a reused buffer saves the allocation and its page faults)."""
         index = row * self.across + col
         count = self._page.databytecounts[index]
         if count == 0:
             return None
         data = os.pread(self._fd, count, self._page.dataoffsets[index])
-        pixels, _, _ = self._page.decode(data, index, jpegtables=self._page.jpegtables)
-        return pixels.reshape(pixels.shape[-3:])
+        if out is None:
+            out = np.empty((self.tile_height, self.tile_width, 3), np.uint8)
+        return self._decode(data, out=out)
 
-    def tiles_under(self, x: int, y: int, width: int, height: int) -> list[tuple[int, int]]:
-        """(row, col) of the compressed tiles a width x height read at (x, y) overlaps."""
+    def pieces(self, x: int, y: int, width: int, height: int) -> tuple[list[Piece], bool]:
+        """How a width x height read at (x, y) is cut from the compressed tiles: one piece
+        per tile it overlaps, and whether the pieces cover it (False: part is outside)."""
         right, bottom = min(x + width, self.width), min(y + height, self.height)
+        inside = x >= 0 and y >= 0 and right == x + width and bottom == y + height
         if right <= max(x, 0) or bottom <= max(y, 0):
-            return []
+            return [], inside
         tw, th = self.tile_width, self.tile_height
-        return [
-            (row, col)
-            for row in range(max(y, 0) // th, (bottom - 1) // th + 1)
-            for col in range(max(x, 0) // tw, (right - 1) // tw + 1)
-        ]
+        pieces = []
+        for row in range(max(y, 0) // th, (bottom - 1) // th + 1):
+            y0, y1 = max(y, row * th), min(bottom, (row + 1) * th)
+            for col in range(max(x, 0) // tw, (right - 1) // tw + 1):
+                x0, x1 = max(x, col * tw), min(right, (col + 1) * tw)
+                source = (slice(y0 - row * th, y1 - row * th), slice(x0 - col * tw, x1 - col * tw))
+                target = (slice(y0 - y, y1 - y), slice(x0 - x, x1 - x))
+                pieces.append(Piece(row, col, source, target))
+        return pieces, inside
 
     def paint(self, x: int, y: int, out: np.ndarray, tiles: TileSource) -> None:
         """Fill `out` (h, w, 3) with this level's pixels from (x, y); outside is white."""
-        height, width = out.shape[:2]
-        if x < 0 or y < 0 or x + width > self.width or y + height > self.height:
-            out.fill(255)
-        tw, th = self.tile_width, self.tile_height
-        for row, col in self.tiles_under(x, y, width, height):
-            x0, y0 = max(x, col * tw), max(y, row * th)
-            x1 = min(x + width, self.width, (col + 1) * tw)
-            y1 = min(y + height, self.height, (row + 1) * th)
-            tile = tiles(row, col)
-            target = out[y0 - y : y1 - y, x0 - x : x1 - x]
-            if tile is None:
-                target.fill(255)
-            else:
-                target[...] = tile[y0 - row * th : y1 - row * th, x0 - col * tw : x1 - col * tw]
+        pieces, inside = self.pieces(x, y, out.shape[1], out.shape[0])
+        paint_pieces(pieces, inside, out, tiles)
 
     def read(self, x: int, y: int, width: int, height: int) -> np.ndarray:
         """RGB uint8 of this level from its pixel (x, y), each tile decoded for this read."""
@@ -118,6 +141,21 @@ class TiffTiledLevels:
     def close(self) -> None:
         os.close(self._fd)
         self._tiff.close()
+
+
+def _decoder(page: tifffile.TiffPage) -> Callable[..., np.ndarray]:
+    """The codec call tifffile would make for this page's tiles, with an `out` buffer."""
+    if CODECS[page.compression] == "JPEG 2000":
+        return imagecodecs.jpeg2k_decode
+    colorspace, outcolorspace = jpeg_decode_colorspace(
+        page.photometric, page.planarconfig, page.extrasamples, page.is_jfif
+    )
+    return partial(
+        imagecodecs.jpeg_decode,
+        tables=page.jpegtables,
+        colorspace=colorspace,
+        outcolorspace=outcolorspace,
+    )
 
 
 def _fits(page: tifffile.TiffPage, size: tuple[int, int]) -> bool:

@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from slidesnake.slide import Slide
-from slidesnake.tiff_tiles import TiledLevel
+from slidesnake.tiff_tiles import TiledLevel, paint_pieces
 
 
 class CompressedTiles:
@@ -22,10 +22,27 @@ class CompressedTiles:
 
     def __init__(self, slide: Slide, level: int, tiled: TiledLevel, tile_px: int):
         self.slide, self.level, self.tiled, self.tile_px = slide, level, tiled, tile_px
+        self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
+        self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
         self.decoded = 0  # compressed tiles decoded, for the metrics and the tests
+        self.spare: list[np.ndarray] = []  # buffers of decoded tiles no longer needed
 
     def open_cell(self, xy: np.ndarray) -> _CompressedCell:
         return _CompressedCell(self, xy)
+
+    def decode(self, row: int, col: int) -> np.ndarray | None:
+        """Compressed tile (row, col), into a spare buffer if there is one; a decoder's
+        error names the slide and the place."""
+        self.decoded += 1
+        x, y = col * self.tiled.tile_width * self.scale, row * self.tiled.tile_height * self.scale
+        with self.slide.reading(self.level, x, y):
+            return self.tiled.decode(row, col, self.spare.pop() if self.spare else None)
+
+    def needed(self, xy: np.ndarray) -> set[tuple[int, int]]:
+        """(row, col) of every compressed tile that the tiles at `xy` overlap."""
+        px = self.tile_px
+        cuts = (self.tiled.pieces(int(x), int(y), px, px)[0] for x, y in xy)
+        return {(piece.row, piece.col) for pieces in cuts for piece in pieces}
 
 
 class _CompressedCell:
@@ -33,11 +50,13 @@ class _CompressedCell:
     their last use, so a cell holds about two rows of them across its width."""
 
     def __init__(self, reader: CompressedTiles, xy: np.ndarray):
-        self.reader, self.xy = reader, xy
+        self.reader = reader
+        px = reader.tile_px
+        self.cuts = [reader.tiled.pieces(int(x), int(y), px, px) for x, y in xy]
         last_use: dict[tuple[int, int], int] = {}
-        for i, (x, y) in enumerate(xy):
-            for key in reader.tiled.tiles_under(int(x), int(y), reader.tile_px, reader.tile_px):
-                last_use[key] = i
+        for i, (pieces, _) in enumerate(self.cuts):
+            for piece in pieces:
+                last_use[piece.row, piece.col] = i
         self.done_after: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for key, i in last_use.items():
             self.done_after[i].append(key)
@@ -45,18 +64,16 @@ class _CompressedCell:
 
     def copy_tile(self, i: int, out: np.ndarray) -> None:
         """Write tile `i` of the cell into `out` (tile_px, tile_px, 3)."""
-        x, y = int(self.xy[i, 0]), int(self.xy[i, 1])
-        reader = self.reader
-        with reader.slide.reading(reader.level, x, y):
-            reader.tiled.paint(x, y, out, self._tile)
+        paint_pieces(*self.cuts[i], out, self._tile)
         for key in self.done_after.pop(i, ()):
-            self.held.pop(key, None)
+            done = self.held.pop(key)
+            if done is not None:
+                self.reader.spare.append(done)
 
     def _tile(self, row: int, col: int) -> np.ndarray | None:
         key = (row, col)
         if key not in self.held:
-            self.held[key] = self.reader.tiled.decode(row, col)
-            self.reader.decoded += 1
+            self.held[key] = self.reader.decode(row, col)
         return self.held[key]
 
 

@@ -26,16 +26,20 @@ def test_embed_then_export_from_the_command_line(tmp_path, blob_slide):
 def test_bench_measures_every_stage_on_the_same_slide(tmp_path, blob_slide, capsys):
     main(
         [
-            "bench", "--slide", str(blob_slide), "--workers", "1", "--max-tiles", "40",
-            "--model", "timm:test_vit", "--no-memory", "--workdir", str(tmp_path),
-            "--json", str(tmp_path / "bench.json"),
+            "bench", "--slide", str(blob_slide), "--workers", "1", "2", "--max-tiles", "40",
+            "--repeats", "1", "--model", "timm:test_vit", "--no-memory",
+            "--workdir", str(tmp_path), "--json", str(tmp_path / "bench.json"),
         ]
     )  # fmt: skip
     results = json.loads((tmp_path / "bench.json").read_text())
-    assert results["tiles"] == 40
-    for key in ("per_tile_baseline", "loader_1_workers", "model_only"):
+    assert results["tiles"] == 40 and results["codec"] == "JPEG"
+    assert 40 < results["compressed_tiles_needed"] < 40 * 4  # 224 px tiles on 256 px tiles
+    for key in ("decode_only", "per_tile_baseline", "loader_1_workers", "loader_2_workers"):
         assert results[key] > 0
+    assert results["model_only"] > 0
     assert results["end_to_end"]["tiles"] == 40
+    assert results["end_to_end"]["compressed_tiles_decoded"] == results["compressed_tiles_needed"]
     printed = capsys.readouterr().out
-    assert "per-tile read_region + PIL resize (baseline)" in printed
-    assert "end to end, 1 workers" in printed
+    for row in ("decode-only limit", "(baseline)", "our loader, 2 workers", "end to end, 40"):
+        assert row in printed
+    assert "of min(loader, model)" in printed

@@ -23,7 +23,6 @@ class CompressedTiles:
     def __init__(self, slide: Slide, level: int, tiled: TiledLevel, tile_px: int):
         self.slide, self.level, self.tiled, self.tile_px = slide, level, tiled, tile_px
         self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
-        self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
         self.decoded = 0  # compressed tiles decoded, for the metrics and the tests
         self.spare: list[np.ndarray] = []  # buffers of decoded tiles no longer needed
 

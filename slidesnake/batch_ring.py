@@ -34,10 +34,6 @@ class BatchRing:
         self._free = [context.Semaphore(slots) for _ in range(lanes)]
         self._claimed = [0] * lanes  # each process counts only for its own lane
 
-    @property
-    def nbytes(self) -> int:
-        return self.tiles.nbytes
-
     def claim(self, lane: int) -> int:
         """A free slot of `lane` to fill (worker side); waits for the main process."""
         if not self._free[lane].acquire(block=not self.in_process):

@@ -95,7 +95,7 @@ def limit_tiles(slide: TiledSlide, count: int | None) -> TiledSlide:
     return replace(slide, tiles=path)
 
 
-def describe(slide: TiledSlide, sheet_mpp: float | None) -> dict[str, Any]:
+def describe(slide: TiledSlide) -> dict[str, Any]:
     """What the tiles cost to read: level, size, codec, compressed tiles per tile."""
     coords, geometry = slide.coords()
     plan = ReadPlan.from_geometry(geometry)
@@ -103,13 +103,12 @@ def describe(slide: TiledSlide, sheet_mpp: float | None) -> dict[str, Any]:
         reader, at = tile_reader(opened, plan, coords)
         compressed = isinstance(reader, CompressedTiles)
         codec = reader.tiled.codec if compressed else f"read by OpenSlide ({opened.vendor})"
-        tile = (reader.tiled.tile_width, reader.tiled.tile_height) if compressed else None
         needed = len(reader.needed(at)) if compressed else None
     return {
         "slide": str(slide.path), "tiles": len(coords), "tile_size": geometry.size,
         "target_mpp": geometry.target_mpp, "slide_mpp": geometry.slide_mpp,
         "read_level": plan.level, "read_px": plan.tile_px, "codec": codec,
-        "compressed_tile": tile, "compressed_tiles_needed": needed,
+        "compressed_tile": reader.tile_grid, "compressed_tiles_needed": needed,
     }  # fmt: skip
 
 
@@ -213,7 +212,7 @@ def run(
     """Every measurement; prints the table and returns the figures."""
     slide = slide or synthetic_slide(workdir, *BENCH_SLIDES[synthetic], dense=True)
     tiled = limit_tiles(tile_slide(slide, workdir, sheet_mpp), options.max_tiles)
-    results = describe(tiled, sheet_mpp)
+    results = describe(tiled)
     _progress("the per-tile baseline")
     results["per_tile_baseline"] = per_tile_baseline(limit_tiles(tiled, options.baseline_tiles))
     results.update(best_rounds(tiled, settings, options))

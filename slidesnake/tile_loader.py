@@ -80,15 +80,10 @@ class TileBatches(IterableDataset):
         self.plan = ReadPlan.from_geometry(geometry)
         self.batch_size = batch_size
         with self._open() as slide:
-            reader, _ = tile_reader(slide, self.plan, coords)
-            compressed = (
-                (reader.tiled.tile_width, reader.tiled.tile_height)
-                if isinstance(reader, CompressedTiles)
-                else None
-            )
+            grid = tile_reader(slide, self.plan, coords)[0].tile_grid
         step = round(geometry.stride_level0 / self.plan.downsample)
         grid_xy = coords // geometry.stride_level0
-        self.cells = plan_cells(grid_xy, step, self.plan.tile_px, compressed, block)
+        self.cells = plan_cells(grid_xy, step, self.plan.tile_px, grid, block)
         self.ring: BatchRing | None = None
 
     @property

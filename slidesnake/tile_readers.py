@@ -22,6 +22,7 @@ class CompressedTiles:
 
     def __init__(self, slide: Slide, level: int, tiled: TiledLevel, tile_px: int):
         self.slide, self.level, self.tiled, self.tile_px = slide, level, tiled, tile_px
+        self.tile_grid = (tiled.tile_width, tiled.tile_height)  # compressed tile size
         self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
         self.decoded = 0  # compressed tiles decoded, for the metrics and the tests
         self.spare: list[np.ndarray] = []  # buffers of decoded tiles no longer needed
@@ -81,6 +82,7 @@ class RegionReads:
 
     def __init__(self, slide: Slide, level: int, downsample: float, tile_px: int):
         self.slide, self.level, self.downsample, self.tile_px = slide, level, downsample, tile_px
+        self.tile_grid = None  # OpenSlide's tiles are out of sight
         self.decoded = 0  # not known: OpenSlide decodes (and caches) out of sight
 
     def open_cell(self, xy: np.ndarray) -> _RegionCell:

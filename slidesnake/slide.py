@@ -9,8 +9,6 @@ own pixels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,11 +105,13 @@ class Slide:
 
         Transparent pixels (outside scanned areas) come back as white background.
         """
-        with self.reading(level, x, y):
-            tiled, d = self.tiled_level(level), self.levels[level].downsample
+        tiled, d = self.tiled_level(level), self.levels[level].downsample
+        try:
             if tiled is not None and x % d == 0 and y % d == 0:
                 return tiled.read(int(x // d), int(y // d), width, height)
             rgba = np.asarray(self._osr.read_region((x, y), level, (width, height)))
+        except Exception as err:
+            raise self.read_error(level, x, y, err) from None
         rgb = rgba[..., :3].copy()
         if rgba[..., 3].min() < 255:
             rgb[rgba[..., 3] == 0] = 255
@@ -125,19 +125,15 @@ class Slide:
             return None
         return self._tiff.levels.get(level)
 
-    @contextmanager
-    def reading(self, level: int, x: int, y: int) -> Iterator[None]:
-        """Errors of a read (OpenSlide's, or a decoder's on a corrupt tile) as a
-        SlideReadError that names the slide and the place."""
-        try:
-            yield
-        except Exception as err:
-            raise SlideReadError(
-                self.slide_id,
-                self.path,
-                f"pixels at level {level}, ({x}, {y}) could not be decoded ({err})",
-                "the file is corrupt; copy or export it again, or remove it from the sample sheet",
-            ) from None
+    def read_error(self, level: int, x: int, y: int, err: Exception) -> SlideReadError:
+        """The error of a read at level-0 (x, y) (OpenSlide's, or a decoder's on a corrupt
+        tile), naming the slide and the place."""
+        return SlideReadError(
+            self.slide_id,
+            self.path,
+            f"pixels at level {level}, ({x}, {y}) could not be decoded ({err})",
+            "the file is corrupt; copy or export it again, or remove it from the sample sheet",
+        )
 
     def close(self) -> None:
         self._osr.close()

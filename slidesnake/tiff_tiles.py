@@ -28,6 +28,8 @@ from tifffile.tifffile import jpeg_decode_colorspace
 # it converts the colours itself and we have no such slide to check against.
 CODECS = {7: "JPEG", 33005: "JPEG 2000"}
 VENDORS = {"aperio", "generic-tiff"}
+# Cuts kept per level: tiles on a regular grid need a few dozen, reads of any size more.
+MAX_CUTS_KEPT = 4096
 
 # A compressed tile by (row, column) of its level's tile grid; None where the scanner
 # skipped it (background).
@@ -35,8 +37,9 @@ TileSource = Callable[[int, int], "np.ndarray | None"]
 
 
 class Piece(NamedTuple):
-    """The part of compressed tile (row, col) that a read needs: where it is in the tile
-    (`source`) and where it goes in the read (`target`), as (rows, columns) slices."""
+    """The part of a compressed tile that a read needs: the tile, as (rows, columns) from
+    the read's first tile, where the part is in that tile (`source`) and where it goes in
+    the read (`target`), as (rows, columns) slices."""
 
     row: int
     col: int
@@ -44,16 +47,29 @@ class Piece(NamedTuple):
     target: tuple[slice, slice]
 
 
-def paint_pieces(pieces: list[Piece], inside: bool, out: np.ndarray, tiles: TileSource) -> None:
-    """Copy each piece from its compressed tile into `out`; white where there is none."""
-    if not inside:
-        out.fill(255)
-    for piece in pieces:
-        tile = tiles(piece.row, piece.col)
-        if tile is None:
-            out[piece.target] = 255
-        else:
-            out[piece.target] = tile[piece.source]
+class Cut(NamedTuple):
+    """How one read is cut from the compressed tiles: its pieces, counted from compressed
+    tile (row, col), and whether they cover it (False: part of it is outside the level)."""
+
+    row: int
+    col: int
+    pieces: tuple[Piece, ...]
+    inside: bool
+
+    def tiles(self) -> list[tuple[int, int]]:
+        """(row, col) of each compressed tile the read overlaps."""
+        return [(self.row + p.row, self.col + p.col) for p in self.pieces]
+
+    def paint(self, out: np.ndarray, tiles: TileSource) -> None:
+        """Copy each piece from its compressed tile into `out`; white where there is none."""
+        if not self.inside:
+            out.fill(255)
+        for piece in self.pieces:
+            tile = tiles(self.row + piece.row, self.col + piece.col)
+            if tile is None:
+                out[piece.target] = 255
+            else:
+                out[piece.target] = tile[piece.source]
 
 
 class TiledLevel:
@@ -66,6 +82,7 @@ class TiledLevel:
         self.across = -(-self.width // self.tile_width)
         self.codec = CODECS[page.compression]
         self._decode = _decoder(page)
+        self._pieces: dict[tuple[int, int, int, int], tuple[Piece, ...]] = {}
 
     def decode(self, row: int, col: int, out: np.ndarray | None = None) -> np.ndarray | None:
         """The RGB pixels of compressed tile (row, col), full tile size even at the edges,
@@ -79,13 +96,27 @@ class TiledLevel:
             out = np.empty((self.tile_height, self.tile_width, 3), np.uint8)
         return self._decode(data, out=out)
 
-    def pieces(self, x: int, y: int, width: int, height: int) -> tuple[list[Piece], bool]:
-        """How a width x height read at (x, y) is cut from the compressed tiles: one piece
-        per tile it overlaps, and whether the pieces cover it (False: part is outside)."""
+    def cut(self, x: int, y: int, width: int, height: int) -> Cut:
+        """How a width x height read at (x, y) is cut from the compressed tiles. Reads at
+        the same offset in their compressed tile are cut alike, so the pieces are worked
+        out once per offset (a few dozen on a regular tile grid) and shared."""
         right, bottom = min(x + width, self.width), min(y + height, self.height)
         inside = x >= 0 and y >= 0 and right == x + width and bottom == y + height
+        row, col = max(y, 0) // self.tile_height, max(x, 0) // self.tile_width
+        left, top = col * self.tile_width, row * self.tile_height
+        key = (x - left, y - top, right - left, bottom - top)
+        pieces = self._pieces.get(key)
+        if pieces is None:
+            if len(self._pieces) >= MAX_CUTS_KEPT:
+                self._pieces.clear()
+            pieces = self._pieces[key] = self._cut_at(*key)
+        return Cut(row, col, pieces, inside)
+
+    def _cut_at(self, x: int, y: int, right: int, bottom: int) -> tuple[Piece, ...]:
+        """The pieces of the read from (x, y) to (right, bottom), the level's part of it,
+        in px from the corner of compressed tile (0, 0)."""
         if right <= max(x, 0) or bottom <= max(y, 0):
-            return [], inside
+            return ()
         tw, th = self.tile_width, self.tile_height
         pieces = []
         for row in range(max(y, 0) // th, (bottom - 1) // th + 1):
@@ -95,17 +126,12 @@ class TiledLevel:
                 source = (slice(y0 - row * th, y1 - row * th), slice(x0 - col * tw, x1 - col * tw))
                 target = (slice(y0 - y, y1 - y), slice(x0 - x, x1 - x))
                 pieces.append(Piece(row, col, source, target))
-        return pieces, inside
-
-    def paint(self, x: int, y: int, out: np.ndarray, tiles: TileSource) -> None:
-        """Fill `out` (h, w, 3) with this level's pixels from (x, y); outside is white."""
-        pieces, inside = self.pieces(x, y, out.shape[1], out.shape[0])
-        paint_pieces(pieces, inside, out, tiles)
+        return tuple(pieces)
 
     def read(self, x: int, y: int, width: int, height: int) -> np.ndarray:
         """RGB uint8 of this level from its pixel (x, y), each tile decoded for this read."""
         out = np.empty((height, width, 3), np.uint8)
-        self.paint(x, y, out, self.decode)
+        self.cut(x, y, width, height).paint(out, self.decode)
         return out
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from slidesnake.slide import Slide
-from slidesnake.tiff_tiles import TiledLevel, paint_pieces
+from slidesnake.tiff_tiles import TiledLevel
 
 
 class CompressedTiles:
@@ -34,15 +34,16 @@ class CompressedTiles:
         """Compressed tile (row, col), into a spare buffer if there is one; a decoder's
         error names the slide and the place."""
         self.decoded += 1
-        x, y = col * self.tiled.tile_width * self.scale, row * self.tiled.tile_height * self.scale
-        with self.slide.reading(self.level, x, y):
+        try:
             return self.tiled.decode(row, col, self.spare.pop() if self.spare else None)
+        except Exception as err:
+            x, y = col * self.tiled.tile_width, row * self.tiled.tile_height
+            raise self.slide.read_error(self.level, x * self.scale, y * self.scale, err) from None
 
     def needed(self, xy: np.ndarray) -> set[tuple[int, int]]:
         """(row, col) of every compressed tile that the tiles at `xy` overlap."""
         px = self.tile_px
-        cuts = (self.tiled.pieces(int(x), int(y), px, px)[0] for x, y in xy)
-        return {(piece.row, piece.col) for pieces in cuts for piece in pieces}
+        return {key for x, y in xy.tolist() for key in self.tiled.cut(x, y, px, px).tiles()}
 
 
 class _CompressedCell:
@@ -52,11 +53,11 @@ class _CompressedCell:
     def __init__(self, reader: CompressedTiles, xy: np.ndarray):
         self.reader = reader
         px = reader.tile_px
-        self.cuts = [reader.tiled.pieces(int(x), int(y), px, px) for x, y in xy]
+        self.cuts = [reader.tiled.cut(x, y, px, px) for x, y in xy.tolist()]
         last_use: dict[tuple[int, int], int] = {}
-        for i, (pieces, _) in enumerate(self.cuts):
-            for piece in pieces:
-                last_use[piece.row, piece.col] = i
+        for i, cut in enumerate(self.cuts):
+            for key in cut.tiles():
+                last_use[key] = i
         self.done_after: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for key, i in last_use.items():
             self.done_after[i].append(key)
@@ -64,7 +65,7 @@ class _CompressedCell:
 
     def copy_tile(self, i: int, out: np.ndarray) -> None:
         """Write tile `i` of the cell into `out` (tile_px, tile_px, 3)."""
-        paint_pieces(*self.cuts[i], out, self._tile)
+        self.cuts[i].paint(out, self._tile)
         for key in self.done_after.pop(i, ()):
             done = self.held.pop(key)
             if done is not None:

@@ -49,9 +49,10 @@ def openslide_rgb(path, level, x, y, width, height) -> np.ndarray:
     return rgb
 
 
-# Reads inside, across tile borders, past the right and bottom edges, and at level 1.
+# Reads inside, across tile borders, past the right and bottom edges, before the top left
+# corner, wholly outside, and at level 1.
 READS = [(0, 0, 0, 300, 200), (0, 1000, 700, 900, 600), (0, 8700, 6900, 600, 500)]
-READS += [(1, 2000, 1600, 300, 250)]
+READS += [(0, -300, -100, 500, 400), (0, 20000, 0, 64, 64), (1, 2000, 1600, 300, 250)]
 
 
 @pytest.mark.parametrize("slide", ["rect_slide", "blob_slide"])

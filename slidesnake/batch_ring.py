@@ -15,9 +15,17 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
+import os
 
 import numpy as np
 import torch
+
+# How often a worker waiting for a free slot checks that the main process is still there.
+ORPHAN_CHECK_S = 1.0
+
+
+class RingOrphaned(Exception):
+    """The main process that owns the ring is gone: the worker waiting on it should exit."""
 
 
 class BatchRing:
@@ -30,14 +38,20 @@ class BatchRing:
         self.tiles = np.frombuffer(self._memory, np.uint8).reshape(shape)
         self.slots = slots
         self.in_process = workers == 0
+        self._owner = os.getpid()
         context = multiprocessing.get_context("fork")
         self._free = [context.Semaphore(slots) for _ in range(lanes)]
         self._claimed = [0] * lanes  # each process counts only for its own lane
 
     def claim(self, lane: int) -> int:
         """A free slot of `lane` to fill (worker side); waits for the main process."""
-        if not self._free[lane].acquire(block=not self.in_process):
-            raise RuntimeError("every batch buffer is in use: release a batch before the next")
+        if self.in_process:
+            if not self._free[lane].acquire(block=False):
+                raise RuntimeError("every batch buffer is in use: release a batch before the next")
+        else:
+            while not self._free[lane].acquire(timeout=ORPHAN_CHECK_S):
+                if os.getppid() != self._owner:
+                    raise RingOrphaned
         slot = self._claimed[lane] % self.slots
         self._claimed[lane] += 1
         return slot

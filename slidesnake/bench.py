@@ -149,7 +149,8 @@ def loader_only(slide: TiledSlide, settings: EmbedSettings) -> float:
     dataset = TileBatches(
         slide.path, slide.path.stem, coords, geometry, settings.batch_size, settings.block
     )
-    delivered = sum(len(rows) for rows, _ in dataset.stream(settings.workers, settings.prefetch))
+    with dataset.stream(settings.workers, settings.prefetch) as batches:
+        delivered = sum(len(rows) for rows, _ in batches)
     return delivered / (time.perf_counter() - started)
 
 

@@ -108,7 +108,7 @@ def _run(
     drain.start()
     waited = first_batch_s = 0.0
     in_flight = None  # the previous batch, whose copy to the host may still be running
-    with progress:
+    with batches, progress:
         while True:
             progress.state("waiting for the loader")
             t0 = time.perf_counter()

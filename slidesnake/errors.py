@@ -23,6 +23,10 @@ class SlideError(SlidesnakeError):
         self.fix = fix
         super().__init__(f"slide '{slide_id}' ({self.path}): {problem}. Fix: {fix}")
 
+    def __reduce__(self) -> tuple:
+        # Raised in loader workers and re-raised in the main process: pickled on the way.
+        return type(self), (self.slide_id, self.path, self.problem, self.fix)
+
 
 class SlideOpenError(SlideError):
     """The file is missing, not a slide, or in a format OpenSlide does not support."""
@@ -34,6 +38,10 @@ class SlideReadError(SlideError):
 
 class MppError(SlideError):
     """The slide's microns per pixel are unknown or implausible."""
+
+
+class LoaderWorkerError(SlidesnakeError):
+    """A tile loader worker process failed on something other than the slide, or died."""
 
 
 class SampleSheetError(SlidesnakeError):

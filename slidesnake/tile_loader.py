@@ -3,27 +3,22 @@
 Tiles are read cell by cell (see tile_cells): a cell is a patch of adjacent tiles whose
 compressed slide tiles are decoded once and copied straight into the batch (see
 tile_readers). Cells are taken band by band in row-major order and dealt round-robin to
-the workers, so the rows in flight stay close together and the output writer's buffer
-stays small.
-
-Workers are forked: a spawned worker re-imports torch (seconds per worker and per slide)
-and re-runs the caller's main module, which breaks Snakemake scripts and notebooks. Forking
-is safe here because workers never touch CUDA (pinning runs in the parent) and each opens
-its own slide handle (OpenSlide handles must not cross a fork); the caller starts the
-workers before it starts any thread of its own.
+the workers (see loader_workers), and their batches are received round-robin, so the
+rows in flight stay close together and the output writer's buffer stays small.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from slidesnake.batch_ring import BatchRing
+from slidesnake.loader_workers import LoaderWorkers
 from slidesnake.slide import Slide
 from slidesnake.tile_cells import plan_cells
 from slidesnake.tile_readers import CompressedTiles, RegionReads
@@ -57,12 +52,8 @@ def tile_reader(
     return RegionReads(slide, plan.level, plan.downsample, plan.tile_px), coords
 
 
-class TileBatches(IterableDataset):
-    """The tiles of one slide as uint8 batches; use `stream()` to read them.
-
-    Iterating it (in a worker) yields tickets for the batches it filled in the shared
-    BatchRing: (row indices in the tile table, lane, slot, compressed tiles decoded so far).
-    """
+class TileBatches:
+    """The tiles of one slide as uint8 batches; use `stream()` to read them."""
 
     def __init__(
         self,
@@ -97,17 +88,17 @@ class TileBatches(IterableDataset):
         """Start `workers` loader processes (0: read in this process), `prefetch` batches
         ahead each. Call it before this process starts any thread: the workers fork now."""
         self.ring = BatchRing(workers, prefetch + 1, self.batch_shape)
-        return BatchStream(self, workers, prefetch)
+        return BatchStream(self, workers)
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, int, int, int]]:
-        info = get_worker_info()
-        lane = info.id if info else 0
-        mine = self.cells[lane :: info.num_workers] if info else self.cells
+    def tickets(self, lane: int, lanes: int) -> Iterator[tuple[np.ndarray, int, int, int]]:
+        """Fill batches with every `lanes`-th cell from `lane` on, in `lane` of the ring; a
+        ticket per batch: (row indices in the tile table, lane, slot, compressed tiles
+        decoded so far)."""
         rows = np.empty(self.batch_size, np.int64)
         filled, slot = 0, None
         with self._open() as slide:
             reader, positions = tile_reader(slide, self.plan, self.coords)
-            for cell in mine:
+            for cell in self.cells[lane::lanes]:
                 tiles = reader.open_cell(positions[cell])
                 for i, row in enumerate(cell):
                     if slot is None:
@@ -124,19 +115,15 @@ class TileBatches(IterableDataset):
 
 class BatchStream:
     """(rows, tiles) batches: tiles (B, h, w, 3) uint8 in shared memory, valid until the
-    next batch is asked for (its slot is then handed back to its worker)."""
+    next batch is asked for (its slot is then handed back to its worker). Received from
+    the workers in turn, as long as each has batches. Close it (or use it as a context
+    manager) to stop the workers early; it closes itself after the last batch."""
 
-    def __init__(self, dataset: TileBatches, workers: int, prefetch: int):
+    def __init__(self, dataset: TileBatches, workers: int):
         self.ring = dataset.ring
-        loader = DataLoader(
-            dataset,
-            batch_size=None,
-            num_workers=workers,
-            prefetch_factor=prefetch if workers else None,
-            persistent_workers=False,
-            multiprocessing_context="fork" if workers else None,
-        )
-        self._tickets = iter(loader)  # forks the workers
+        self._workers = LoaderWorkers(dataset.tickets, workers) if workers else None
+        self._in_process = None if workers else dataset.tickets(0, 1)
+        self._turns = deque(range(max(workers, 1)))  # lanes that still have batches
         self._held: int | None = None
         self._decoded: dict[int, int] = {}
 
@@ -152,6 +139,31 @@ class BatchStream:
         if self._held is not None:
             self.ring.release(self._held)
             self._held = None
-        rows, lane, slot, decoded = next(self._tickets)
-        self._held, self._decoded[lane] = lane, decoded
-        return torch.as_tensor(rows), self.ring.view(lane, slot, len(rows))
+        while self._turns:
+            lane = self._turns.popleft()
+            ticket = self._receive(lane)
+            if ticket is not None:
+                self._turns.append(lane)
+                rows, lane, slot, decoded = ticket
+                self._held, self._decoded[lane] = lane, decoded
+                return torch.as_tensor(rows), self.ring.view(lane, slot, len(rows))
+        self.close()
+        raise StopIteration
+
+    def _receive(self, lane: int) -> tuple[np.ndarray, int, int, int] | None:
+        if self._workers is not None:
+            return self._workers.receive(lane)
+        return next(self._in_process, None)
+
+    def close(self) -> None:
+        self._turns.clear()
+        if self._workers is not None:
+            self._workers.close()
+        if self._in_process is not None:
+            self._in_process.close()
+
+    def __enter__(self) -> BatchStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -141,7 +141,11 @@ class BatchStream:
             self._held = None
         while self._turns:
             lane = self._turns.popleft()
-            ticket = self._receive(lane)
+            try:
+                ticket = self._receive(lane)
+            except BaseException:
+                self.close()  # the other workers would wait on their full lanes forever
+                raise
             if ticket is not None:
                 self._turns.append(lane)
                 rows, lane, slot, decoded = ticket

@@ -3,14 +3,22 @@ every delivered tile equal to OpenSlide's pixels, batch buffers reused safely.""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import openslide
 import pytest
+import tifffile
 
-from slidesnake.batch_ring import BatchRing
+from slidesnake.batch_ring import ORPHAN_CHECK_S, BatchRing
+from slidesnake.errors import LoaderWorkerError, SlideReadError
 from slidesnake.slide import Slide
 from slidesnake.stages import make_tile_coords, make_tissue_mask
 from slidesnake.synthetic import random_blobs, write_slide
@@ -178,3 +186,94 @@ def test_a_batch_stays_intact_while_the_workers_read_ahead(tmp_path, slide_40x):
     assert (held == before).all()
     count = len(rows) + sum(len(r) for r, _ in stream)
     assert count == len(coords)
+
+
+def loader_processes() -> list[multiprocessing.Process]:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("slidesnake-loader")]
+
+
+def corrupted_copy(slide: Path, out: Path, x: int, y: int) -> Path:
+    """A copy of `slide` whose level-0 compressed tile under (x, y) is all zeros."""
+    copy = out / f"corrupt-{slide.name}"
+    shutil.copy(slide, copy)
+    with tifffile.TiffFile(copy) as tiff:
+        page = tiff.pages[0]
+        across = -(-page.imagewidth // page.tilewidth)
+        index = y // page.tilelength * across + x // page.tilewidth
+        offset, count = page.dataoffsets[index], page.databytecounts[index]
+    with copy.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(count))
+    return copy
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_corrupt_compressed_tile_fails_the_slide_by_name_and_stops_the_workers(
+    tmp_path, slide_40x, workers
+):
+    tiles_path = tiled(slide_40x, tmp_path)
+    coords = read_tiles(tiles_path)[0][["x", "y"]].to_numpy()
+    broken = corrupted_copy(slide_40x, tmp_path, *coords[len(coords) // 2])
+    with pytest.raises(SlideReadError, match=r"slide 's' .* could not be decoded .* Fix:"):
+        delivered(tiles_path, broken, workers, batch=7)
+    assert loader_processes() == []
+
+
+def test_a_worker_killed_midway_is_reported_and_the_others_stopped(tmp_path, slide_40x):
+    tiles, geometry = read_tiles(tiled(slide_40x, tmp_path))
+    coords = tiles[["x", "y"]].to_numpy(np.int64)
+    dataset = TileBatches(slide_40x, "s", coords, geometry, batch_size=4)
+    stream = dataset.stream(workers=2, prefetch=1)  # each worker stays within 8 tiles ahead
+    next(stream)
+    victim = next(p for p in loader_processes() if p.name.endswith("-1"))
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(LoaderWorkerError, match=r"loader worker 1 was killed by SIGKILL .* Fix:"):
+        for _ in stream:
+            pass
+    assert loader_processes() == []
+
+
+def test_closing_a_stream_early_stops_its_workers(tmp_path, slide_40x):
+    tiles, geometry = read_tiles(tiled(slide_40x, tmp_path))
+    coords = tiles[["x", "y"]].to_numpy(np.int64)
+    with TileBatches(slide_40x, "s", coords, geometry, batch_size=4).stream(2, 1) as stream:
+        next(stream)
+        assert len(loader_processes()) == 2
+    assert loader_processes() == []
+
+
+ORPHAN = """
+import multiprocessing, os, sys
+import numpy as np
+from slidesnake.tile_loader import TileBatches
+from slidesnake.tile_table import read_tiles
+tiles, geometry = read_tiles(sys.argv[2])
+coords = tiles[["x", "y"]].to_numpy(np.int64)
+stream = TileBatches(sys.argv[1], "s", coords, geometry, 4).stream(2, 1)
+next(stream)
+print(*(p.pid for p in multiprocessing.active_children()), flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_workers_of_a_killed_job_exit_by_themselves(tmp_path, slide_40x):
+    tiles_path = tiled(slide_40x, tmp_path)
+    with (tmp_path / "pids").open("w") as out:  # a pipe would stay open while they live
+        job = subprocess.run(
+            [sys.executable, "-c", ORPHAN, str(slide_40x), str(tiles_path)], stdout=out
+        )
+    assert job.returncode == -signal.SIGKILL
+    pids = [int(pid) for pid in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10 * ORPHAN_CHECK_S
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(running(pid) for pid in pids)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -27,7 +27,6 @@ from slidesnake.atomic import atomic_output
 from slidesnake.embed_settings import EmbedSettings
 from slidesnake.embedder import Embedder, build_embedder
 from slidesnake.embedding_store import EmbeddingWriter
-from slidesnake.host_memory import keep_large_blocks_off_the_heap
 from slidesnake.models import model_spec
 from slidesnake.progress import Progress
 from slidesnake.tile_loader import TileBatches
@@ -46,7 +45,6 @@ def embed_slide(
     device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Embed every tile of `tiles_path`; write the zarr store and metrics.json."""
-    keep_large_blocks_off_the_heap()
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)

@@ -9,6 +9,8 @@ containers often cap at 64 MB), and every worker cycles through its own lane of 
 A slot is refilled only after the main process released it: one semaphore per lane
 counts the free slots. Workers fill their slots in order and the main process receives
 each worker's batches in order, so a release always frees the oldest slot of the lane.
+A worker waiting for a slot checks every second that the main process is still there, so
+the workers of a killed job exit by themselves.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ decoded once, nothing else), our loader with 1..N worker processes, the per-tile
 `read_region` + PIL resize loader that CLAM and TRIDENT use (the baseline), the model
 alone (device-side preprocessing included) and the whole embedding job; then the ratios.
 The machine is shared and noisy, so the limit and the loader, and then the model and the
-whole job, are measured in alternating rounds and the best round counts. Then peak memory
-of whole jobs on a small and a large slide, each in its own process, since peak RSS only
-ever grows.
+whole job, are measured in alternating rounds: tiles/s are the best round's, ratios the
+median of the ratios within a round. Then peak memory of whole jobs on a small and a large
+slide, each in its own process, since peak RSS only ever grows.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import numpy as np
@@ -219,6 +221,7 @@ def run(
     results["per_tile_baseline"] = per_tile_baseline(limit_tiles(tiled, options.baseline_tiles))
     results.update(best_rounds(tiled, settings, options))
     results.update(model_and_job_rounds(tiled, settings, options, workdir))
+    results["end_to_end_share"] = end_to_end_share(results)
     print_table(results, settings)
     if options.memory:
         results["peak_memory"] = memory_by_slide_size(settings, workdir)
@@ -227,29 +230,37 @@ def run(
 
 def best_rounds(
     slide: TiledSlide, settings: EmbedSettings, options: BenchOptions
-) -> dict[str, float | None]:
-    """The decode-only limit and the loader with each worker count, best of the rounds."""
-    best: dict[str, float | None] = {}
+) -> dict[str, Any]:
+    """The decode-only limit and the loader with each worker count in rounds: tiles/s of
+    the best round, and each worker's share of the limit as the median of its ratio
+    within a round (measured a few seconds apart, the two share the machine's mood)."""
+    rounds = []
     for round_ in range(options.repeats):
         _progress(f"decode-only limit and loader, round {round_ + 1} of {options.repeats}")
         rates = {"decode_only": decode_only(slide)}
         for count in options.workers:
             rates[f"loader_{count}_workers"] = loader_only(slide, replace(settings, workers=count))
-        for key, rate in rates.items():
-            best[key] = None if rate is None else max(rate, best.get(key) or 0.0)
-    return best
+        rounds.append(rates)
+    results: dict[str, Any] = {key: _best(r[key] for r in rounds) for key in rounds[0]}
+    if results["decode_only"]:
+        results["share_of_limit"] = {
+            count: median(r[f"loader_{count}_workers"] / count / r["decode_only"] for r in rounds)
+            for count in options.workers
+        }
+    return results | {"loader_rounds": rounds}
 
 
 def model_and_job_rounds(
     slide: TiledSlide, settings: EmbedSettings, options: BenchOptions, workdir: Path
 ) -> dict[str, Any]:
     """Model-only and the whole job (with the most workers, on the tiles the model does in
-    `end_to_end_s`) in alternating rounds; the best of each counts."""
-    model, job, tiles = 0.0, None, None
+    `end_to_end_s`) in alternating rounds: the best of each, and the job's share of the
+    model's speed as the median of its ratio within a round."""
+    rounds, job, tiles = [], None, None
     workers = max(options.workers)
     for round_ in range(options.repeats):
         _progress(f"the model ({settings.model}), round {round_ + 1} of {options.repeats}")
-        model = max(model, model_only(slide, settings))
+        model = model_only(slide, settings)
         tiles = tiles or max(4 * settings.batch_size, round(model * options.end_to_end_s))
         _progress(f"the whole job on up to {tiles} tiles, {workers} workers")
         metrics = end_to_end(
@@ -257,7 +268,24 @@ def model_and_job_rounds(
         )
         if job is None or metrics["tiles_per_s"] > job["tiles_per_s"]:
             job = metrics
-    return {"model_only": model, "end_to_end": job}
+        rounds.append({"model_only": model, "end_to_end": metrics["tiles_per_s"]})
+    return {
+        "model_only": max(r["model_only"] for r in rounds),
+        "end_to_end": job,
+        "model_rounds": rounds,
+    }
+
+
+def end_to_end_share(results: dict[str, Any]) -> float:
+    """The whole job's tiles/s over min(loader, model), the median over the rounds."""
+    workers = results["end_to_end"]["loader_workers"]
+    loader = results[f"loader_{workers}_workers"]
+    return median(r["end_to_end"] / min(r["model_only"], loader) for r in results["model_rounds"])
+
+
+def _best(rates: Iterable[float | None]) -> float | None:
+    rates = list(rates)
+    return None if None in rates else max(rates)
 
 
 def _progress(what: str) -> None:
@@ -281,21 +309,20 @@ def print_table(results: dict[str, Any], settings: EmbedSettings) -> None:
     _row("decode-only limit: each compressed tile once, 1 process", limit, baseline, None)
     _row("per-tile read_region + PIL resize (baseline)", baseline, baseline, None)
     for count in sorted({int(k.split("_")[1]) for k in r if k.startswith("loader_")}):
-        rate = r[f"loader_{count}_workers"]
-        per_worker = rate / count / limit if limit else None
-        _row(f"our loader, {count} worker{'s' * (count > 1)}", rate, baseline, per_worker)
+        share = r["share_of_limit"][count] if limit else None
+        _row(f"our loader, {count} worker{'s' * (count > 1)}", r[f"loader_{count}_workers"],
+             baseline, share)  # fmt: skip
     _row(f"model only ({settings.model}, {settings.precision})", r["model_only"], baseline, None)
     e2e = r["end_to_end"]
-    loaders = [v for k, v in r.items() if k.startswith(f"loader_{e2e['loader_workers']}_")]
-    bound = min(r["model_only"], *loaders)
     _row(
         f"end to end, {e2e['tiles']} tiles, {e2e['loader_workers']} workers "
         f"(loader wait {100 * e2e['loader_wait_fraction']:.0f}%)",
         e2e["tiles_per_s"], baseline, None,
     )  # fmt: skip
     print(
-        f"  of limit: a worker's share of the decode-only limit. End to end is "
-        f"{e2e['tiles_per_s'] / bound:.2f} of min(loader, model) = {bound:.1f} tiles/s."
+        f"  tiles/s: the best of {len(r['loader_rounds'])} rounds. Of limit: a worker's share of "
+        "the decode-only limit, and end to end "
+        f"{r['end_to_end_share']:.2f} of min(loader, model): medians of the ratios within a round."
     )
 
 

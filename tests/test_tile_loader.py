@@ -19,6 +19,7 @@ import tifffile
 
 from slidesnake.batch_ring import ORPHAN_CHECK_S, BatchRing
 from slidesnake.errors import LoaderWorkerError, SlideReadError
+from slidesnake.loader_workers import LoaderWorkers
 from slidesnake.slide import Slide
 from slidesnake.stages import make_tile_coords, make_tissue_mask
 from slidesnake.synthetic import random_blobs, write_slide
@@ -231,6 +232,21 @@ def test_a_worker_killed_midway_is_reported_and_the_others_stopped(tmp_path, sli
         for _ in stream:
             pass
     assert loader_processes() == []
+
+
+def first_then_a_bug(lane: int, lanes: int):
+    yield "first"
+    raise ValueError("a bug, not the slide")
+
+
+def test_an_unexpected_worker_error_arrives_with_the_workers_traceback():
+    workers = LoaderWorkers(first_then_a_bug, 1)
+    try:
+        assert workers.receive(0) == "first"
+        with pytest.raises(LoaderWorkerError, match=r"(?s)worker 0 failed.*ValueError: a bug"):
+            workers.receive(0)
+    finally:
+        workers.close()
 
 
 def test_closing_a_stream_early_stops_its_workers(tmp_path, slide_40x):

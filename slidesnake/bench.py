@@ -247,7 +247,7 @@ def best_rounds(
             count: median(r[f"loader_{count}_workers"] / count / r["decode_only"] for r in rounds)
             for count in options.workers
         }
-    return results | {"loader_rounds": rounds}
+    return results | {"limit_and_loader_rounds": rounds}
 
 
 def model_and_job_rounds(
@@ -272,7 +272,7 @@ def model_and_job_rounds(
     return {
         "model_only": max(r["model_only"] for r in rounds),
         "end_to_end": job,
-        "model_rounds": rounds,
+        "model_and_job_rounds": rounds,
     }
 
 
@@ -280,7 +280,9 @@ def end_to_end_share(results: dict[str, Any]) -> float:
     """The whole job's tiles/s over min(loader, model), the median over the rounds."""
     workers = results["end_to_end"]["loader_workers"]
     loader = results[f"loader_{workers}_workers"]
-    return median(r["end_to_end"] / min(r["model_only"], loader) for r in results["model_rounds"])
+    return median(
+        r["end_to_end"] / min(r["model_only"], loader) for r in results["model_and_job_rounds"]
+    )
 
 
 def _best(rates: Iterable[float | None]) -> float | None:
@@ -320,8 +322,8 @@ def print_table(results: dict[str, Any], settings: EmbedSettings) -> None:
         e2e["tiles_per_s"], baseline, None,
     )  # fmt: skip
     print(
-        f"  tiles/s: the best of {len(r['loader_rounds'])} rounds. Of limit: a worker's share of "
-        "the decode-only limit, and end to end "
+        f"  tiles/s: the best of {len(r['limit_and_loader_rounds'])} rounds. Of limit: a "
+        "worker's share of the decode-only limit; end to end is "
         f"{r['end_to_end_share']:.2f} of min(loader, model): medians of the ratios within a round."
     )
 

@@ -37,6 +37,8 @@ def test_bench_measures_every_stage_on_the_same_slide(tmp_path, blob_slide, caps
     for key in ("decode_only", "per_tile_baseline", "loader_1_workers", "loader_2_workers"):
         assert results[key] > 0
     assert results["model_only"] > 0
+    assert len(results["limit_and_loader_rounds"]) == len(results["model_and_job_rounds"]) == 1
+    assert set(results["share_of_limit"]) == {"1", "2"} and results["end_to_end_share"] > 0
     assert results["end_to_end"]["tiles"] == 40
     assert results["end_to_end"]["compressed_tiles_decoded"] == results["compressed_tiles_needed"]
     printed = capsys.readouterr().out

@@ -45,7 +45,7 @@ from slidesnake.tissue import TissueParams
 @dataclass(frozen=True)
 class BenchOptions:
     workers: tuple[int, ...] = (1, 2)
-    repeats: int = 3  # rounds of limit + loaders; the best counts
+    repeats: int = 3  # rounds of limit + loaders, then of model + whole job
     max_tiles: int | None = None  # only the first N tiles of the slide
     baseline_tiles: int = 400  # the per-tile baseline runs on the first N tiles
     end_to_end_s: float = 20.0  # the whole job runs on as many tiles as the model does in this

@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench.add_argument("--synthetic", choices=sorted(BENCH_SLIDES), default="40x")
     bench.add_argument("--mpp", type=float, help="level-0 µm/px, if the slide lacks it")
     bench.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="e.g. 1 2 4 8 16")
-    bench.add_argument("--repeats", type=int, default=3, help="rounds of limit and loader")
+    bench.add_argument("--repeats", type=int, default=3, help="rounds of each measurement")
     bench.add_argument("--max-tiles", type=int, help="only the first N tiles of the slide")
     bench.add_argument("--end-to-end-s", type=float, default=20.0, help="model-seconds of tiles")
     bench.add_argument("--workdir", type=Path, help="slides and outputs (kept between runs)")

@@ -151,6 +151,17 @@ def test_skipped_compressed_tiles_are_white_background(slide_40x):
         np.testing.assert_array_equal(out[256:, 56:], s.read(0, 256, 256, 244, 44))
 
 
+@pytest.mark.parametrize("slide", ["slide_40x", "slide_240"])
+def test_decoded_rows_start_off_the_boundaries_that_make_libjpeg_bypass_the_cache(request, slide):
+    with Slide(request.getfixturevalue(slide)) as s:
+        level = s.tiled_level(0)
+        tile = level.decode(1, 1)
+        rows = tile.ctypes.data + tile.strides[0] * np.arange(level.tile_height)
+        assert not (rows % 16 == 0).any()
+        x, y = level.tile_width, level.tile_height
+        np.testing.assert_array_equal(tile, s.read(0, x, y, x, y))
+
+
 def test_tiles_not_on_whole_pixels_of_their_level_are_read_through_openslide(tmp_path, slide_40x):
     # 1.1 µm/px tiles come from level 1 (4x) and are 986 level-0 px apart: not on a pixel.
     tiles_path = tiled(slide_40x, tmp_path, TileParams(mpp=1.1))

@@ -90,10 +90,10 @@ class TileBatches:
         self.ring = BatchRing(workers, prefetch + 1, self.batch_shape)
         return BatchStream(self, workers)
 
-    def tickets(self, lane: int, lanes: int) -> Iterator[tuple[np.ndarray, int, int, int]]:
+    def tickets(self, lane: int, lanes: int) -> Iterator[tuple[np.ndarray, int, int]]:
         """Fill batches with every `lanes`-th cell from `lane` on, in `lane` of the ring; a
-        ticket per batch: (row indices in the tile table, lane, slot, compressed tiles
-        decoded so far)."""
+        ticket per batch: (row indices in the tile table, slot, compressed tiles decoded
+        so far)."""
         rows = np.empty(self.batch_size, np.int64)
         filled, slot = 0, None
         with self._open() as slide:
@@ -107,10 +107,10 @@ class TileBatches:
                     rows[filled] = row
                     filled += 1
                     if filled == self.batch_size:
-                        yield rows.copy(), lane, slot, reader.decoded
+                        yield rows.copy(), slot, reader.decoded
                         filled, slot = 0, None
             if filled:
-                yield rows[:filled].copy(), lane, slot, reader.decoded
+                yield rows[:filled].copy(), slot, reader.decoded
 
 
 class BatchStream:
@@ -148,13 +148,13 @@ class BatchStream:
                 raise
             if ticket is not None:
                 self._turns.append(lane)
-                rows, lane, slot, decoded = ticket
+                rows, slot, decoded = ticket
                 self._held, self._decoded[lane] = lane, decoded
                 return torch.as_tensor(rows), self.ring.view(lane, slot, len(rows))
         self.close()
         raise StopIteration
 
-    def _receive(self, lane: int) -> tuple[np.ndarray, int, int, int] | None:
+    def _receive(self, lane: int) -> tuple[np.ndarray, int, int] | None:
         if self._workers is not None:
             return self._workers.receive(lane)
         return next(self._in_process, None)

@@ -2,7 +2,9 @@
 
 safetensors and PyTorch state dicts fill a timm architecture; `torch.export` programs
 (.pt2) and TorchScript archives are whole programs that need none. Nothing here executes
-pickled code: state dicts load with `weights_only=True`.
+code from the file: state dicts load with `weights_only=True`, a .pt2 archive is checked
+as plain data before torch reads it (`pt2_archive`), and TorchScript archives are read by
+torch's C++ loader, whose unpickler builds tensors and TorchScript objects only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import socket
 import zipfile
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 import torch
 
 from slidesnake.errors import ModelError
+from slidesnake.pt2_archive import check_archive
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ def _is_torchscript(path: Path) -> bool:
 def load_program(path: str | Path, device: torch.device) -> torch.nn.Module:
     """A whole-program checkpoint as a module, in the dtype it was saved in."""
     path = Path(path)
+    if path.suffix == ".pt2":
+        check_archive(path)
     try:
         if path.suffix == ".pt2":
             return torch.export.load(str(path)).module().to(device)
@@ -73,6 +79,12 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state = load_file(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ModelError(
+            f"checkpoint {path} is refused: it is a pickle of more than tensors, which could "
+            f"run code when loaded ({str(err).splitlines()[0]}); save the state dict alone "
+            "(torch.save(model.state_dict(), path)) or convert it to safetensors"
+        ) from None
     except Exception as err:
         raise ModelError(
             f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); "

@@ -27,6 +27,7 @@ from slidesnake.atomic import atomic_output
 from slidesnake.embed_settings import EmbedSettings
 from slidesnake.embedder import Embedder, build_embedder
 from slidesnake.embedding_store import EmbeddingWriter
+from slidesnake.errors import ModelError
 from slidesnake.models import model_spec
 from slidesnake.progress import Progress
 from slidesnake.tile_loader import TileBatches
@@ -48,9 +49,12 @@ def embed_slide(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)
-    embedder = build_embedder(
-        spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
-    )
+    try:
+        embedder = build_embedder(
+            spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
+        )
+    except ModelError as err:  # one line that names the slide, as a cohort's log needs
+        raise type(err)(f"slide '{slide_id}': {err}") from None
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     dataset = TileBatches(
         slide_path, slide_id, coords, geometry, settings.batch_size, settings.block

@@ -1,0 +1,230 @@
+"""A `torch.export` archive (.pt2) checked as plain data before torch reads it.
+
+`torch.export.load` trusts its file. It unpickles weights, constants and example inputs
+marked `use_pickle` (or that fail `weights_only`) with `weights_only=False`, unpickles
+custom and opaque objects, loads AOTInductor shared libraries, evaluates symbolic shapes
+with `sympy.sympify` (an `eval`), compiles guard code, parameter names and node names
+into Python source, and calls any callable under `torch`, `math` or `operator` that a
+node names. Any of these runs code from the file. So an archive is accepted only when
+none of them can happen: the exact layout `torch.export.save` writes, raw tensor
+payloads, example inputs that load with `weights_only=True`, operators of the `aten` and
+`higher_order` namespaces (or symbolic integer arithmetic), names that are dotted
+identifiers, shape expressions made of sympy arithmetic alone, and no guard code.
+The archive is read with torch's own reader, so both see the same records.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pickle
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from slidesnake.errors import ModelError
+
+_LAYOUT = re.compile(
+    r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+    r"|models/model\.json|data/sample_inputs/model\.pt"
+    r"|data/weights/model_weights_config\.json|data/weights/weight_\d+"
+    r"|data/constants/model_constants_config\.json|data/constants/tensor_\d+"
+    r"|extra/[\w.\-]+"
+)
+_PAYLOADS = {
+    "data/weights/model_weights_config.json": re.compile(r"weight_\d+"),
+    "data/constants/model_constants_config.json": re.compile(r"tensor_\d+"),
+}
+# Names that FX writes into the Python source of the loaded module.
+_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*)?")
+_NAME_KEYS = {"name", "as_name", "parameter_name", "buffer_name", "user_input_name", "fqn"}
+_NAME_KEYS |= {"tensor_constant_name"}
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OP_NAMESPACES = {"aten", "higher_order"}
+# The symbolic integer operations torch's deserializer knows (its `_SYM_OPS`), by name.
+_SYM_OPS = {
+    *(
+        f"_operator.{name}"
+        for name in "eq ne le ge lt gt neg pos mul add sub floordiv mod pow "  # noqa: SIM905
+        "truediv and_ or_ lshift rshift getitem".split()
+    ),
+    "math.trunc",
+    *(f"torch.sym_{name}" for name in ("not", "int", "float", "ite", "max", "min", "sqrt")),
+}
+# What a shape expression may call: sympy's arithmetic and torch's sympy functions,
+# never `sympify`, `S` or `parse_expr`, which evaluate strings.
+_SYMPY_FUNCTIONS = """
+    Symbol Integer Float Rational Add Mul Pow Mod Max Min Abs floor ceiling Eq Ne Lt Le
+    Gt Ge StrictLessThan StrictGreaterThan LessThan GreaterThan Equality Unequality And Or
+    Not Piecewise ExprCondPair BooleanTrue BooleanFalse FloorDiv ModularIndexing Where
+    PythonMod CleanDiv CeilToInt FloorToInt CeilDiv LShift RShift PowByNatural FloatPow
+    FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator TruncToFloat TruncToInt
+    RoundToInt RoundDecimal ToFloat Identity"""
+_SYMPY_CALLS = set(_SYMPY_FUNCTIONS.split())
+_SYMPY_VALUES = {"true", "false", "oo", "zoo", "nan", "pi", "E"}
+_SYMPY_NODES = (
+    *(ast.Expression, ast.Call, ast.Name, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp),
+    *(ast.Load, ast.operator, ast.unaryop, ast.Tuple),
+)
+_SPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict"}
+
+
+class UnsafeArchive(ModelError):
+    """A .pt2 archive holds something that would run code when torch loads or runs it."""
+
+
+def check_archive(path: str | Path) -> None:
+    """Refuse `path` unless loading and running it executes nothing from the file."""
+    path = Path(path)
+    try:
+        reader = torch._C.PyTorchFileReader(str(path))
+        records = set(reader.get_all_records())
+    except Exception as err:
+        raise ModelError(
+            f"checkpoint {path} is not a readable .pt2 program ({err}); "
+            "export it again with torch.export.save"
+        ) from None
+    try:
+        _check_layout(records)
+        for config, payload in _PAYLOADS.items():
+            _check_payloads(json.loads(reader.get_record(config)), payload)
+        _check_example_inputs(reader.get_record("data/sample_inputs/model.pt"))
+        _check_program(json.loads(reader.get_record("models/model.json")))
+    except UnsafeArchive as err:
+        raise UnsafeArchive(
+            f"checkpoint {path} is refused: {err}, which would run code from the file when "
+            "it is loaded; only plain torch.export.save archives of aten operators are "
+            "accepted: export the model again, or use safetensors weights"
+        ) from None
+    except (KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise ModelError(
+            f"checkpoint {path} is not a readable .pt2 program ({type(err).__name__}: {err}); "
+            "export it again with torch.export.save"
+        ) from None
+
+
+def _check_layout(records: set[str]) -> None:
+    for record in sorted(records):
+        if not _LAYOUT.fullmatch(record):
+            raise UnsafeArchive(f"it holds '{record}'")
+    missing = {"models/model.json", "data/sample_inputs/model.pt", *_PAYLOADS} - records
+    if missing:
+        raise KeyError(f"no {sorted(missing)[0]}")
+
+
+def _check_payloads(config: dict, file_name: re.Pattern) -> None:
+    for fqn, payload in config["config"].items():
+        if payload.get("use_pickle"):
+            raise UnsafeArchive(f"it stores '{fqn}' as a pickle")
+        if not file_name.fullmatch(payload["path_name"]):
+            raise UnsafeArchive(f"it stores '{fqn}' as a '{payload['path_name']}' object")
+        _check_name(fqn)
+
+
+def _check_example_inputs(data: bytes) -> None:
+    # torch retries example inputs with weights_only=False when this fails.
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError:
+        raise UnsafeArchive("its example inputs are a pickle of more than tensors") from None
+
+
+def _check_program(program: dict) -> None:
+    if program.get("guards_code"):
+        raise UnsafeArchive(f"it carries guard code ({program['guards_code'][0][:80]!r})")
+    for key, value in _items(program):
+        if key == "target" or key == "as_operator":
+            _check_operator(value)
+        elif key == "expr_str":
+            _check_expression(value)
+        elif key in _NAME_KEYS:
+            _check_name(value)
+        elif key == "forward_arg_names":
+            for name in value:
+                _check_name(name)
+        elif key in ("in_spec", "out_spec"):
+            _check_spec(value)
+        elif key == "as_custom_obj" or (key == "custom_obj_values" and value):
+            raise UnsafeArchive("it holds a custom object")
+
+
+def _items(node: object) -> Iterator[tuple[str, object]]:
+    """Every (key, value) pair of a JSON tree; every key is also checked as a name."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_name(key)
+            yield key, value
+            yield from _items(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _items(value)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise UnsafeArchive(f"it names something {str(name)[:80]!r}")
+
+
+def _check_operator(target: object) -> None:
+    if target in _SYM_OPS:
+        return
+    parts = target.split(".") if isinstance(target, str) else []
+    if (
+        len(parts) in (4, 5)
+        and parts[:2] == ["torch", "ops"]
+        and parts[2] in _OP_NAMESPACES
+        and all(part.isidentifier() and not part.startswith("__") for part in parts)
+    ):
+        op = getattr(getattr(torch.ops, parts[2]), parts[3], None)
+        for part in parts[4:]:
+            op = getattr(op, part, None)
+        if isinstance(op, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
+            return
+    raise UnsafeArchive(f"it calls {str(target)[:80]!r}")
+
+
+def _check_expression(expression: object) -> None:
+    try:
+        tree = ast.parse(str(expression), mode="eval")
+    except SyntaxError:
+        raise UnsafeArchive(f"a shape expression {str(expression)[:80]!r} is not sympy") from None
+    # A string is data only as a Symbol's name: Max, Min and others sympify (eval) strings.
+    names = {
+        id(call.args[0])
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "Symbol"
+        and call.args
+    }
+    for node in ast.walk(tree):
+        if not _is_sympy_arithmetic(node, names):
+            raise UnsafeArchive(f"a shape expression {str(expression)[:80]!r} is more than sympy")
+
+
+def _is_sympy_arithmetic(node: ast.AST, names: set[int]) -> bool:
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in _SYMPY_CALLS
+    if isinstance(node, ast.Name):
+        return node.id in _SYMPY_CALLS | _SYMPY_VALUES or bool(_SYMBOL.fullmatch(node.id))
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return id(node) in names and bool(_SYMBOL.fullmatch(node.value))
+        return isinstance(node.value, int | float)
+    return isinstance(node, _SYMPY_NODES)
+
+
+def _check_spec(spec: object) -> None:
+    try:
+        tree = json.loads(spec)[1]
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise UnsafeArchive("its input or output structure is not a plain tree") from None
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict) or node.get("type") not in _SPEC_TYPES:
+            raise UnsafeArchive(f"its inputs or outputs are of type {str(node)[:80]!r}")
+        pending.extend(node.get("children_spec", []))

@@ -15,11 +15,11 @@ import json
 import time
 from pathlib import Path
 
-from slidesnake.slide import Slide
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import random_blobs, write_slide
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.synthetic import random_blobs, write_slide
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tissue import TissueParams
 
 OUT = Path(__file__).parent / "out"
 

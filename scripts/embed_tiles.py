@@ -1,14 +1,14 @@
 """Snakemake script of rule embed_tiles: claim a GPU, then embed the slide's tiles."""
 
-from slidesnake.embed_settings import EmbedSettings
-from slidesnake.gpu_slots import claim_gpu
-from slidesnake.jobs import run_job
+from slidesnake.cohort.jobs import run_job
+from slidesnake.embed.gpu_slots import claim_gpu
+from slidesnake.embed.settings import EmbedSettings
 
 
 def embed() -> None:
     claim_gpu(snakemake.params.gpu_ids)
     # Imported after the claim: CUDA must start seeing only the claimed GPU.
-    from slidesnake.embedding import embed_slide
+    from slidesnake.embed.loop import embed_slide
 
     embed_slide(
         slide_path=snakemake.input.slide,

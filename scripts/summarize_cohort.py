@@ -1,7 +1,7 @@
 """Snakemake script of rule summarize_cohort: the cohort table of the report."""
 
-from slidesnake.cohort import write_cohort_html
-from slidesnake.jobs import run_job
+from slidesnake.cohort.jobs import run_job
+from slidesnake.cohort.summary import write_cohort_html
 
 run_job(
     lambda: write_cohort_html(snakemake.params.slide_ids, "results", "logs", snakemake.output[0]),

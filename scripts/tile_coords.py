@@ -1,8 +1,8 @@
-"""Snakemake script of rule tile_coords: thin glue to slidesnake.stages."""
+"""Snakemake script of rule tile_coords: thin glue to slidesnake.tiling.stages."""
 
-from slidesnake.jobs import run_job
-from slidesnake.stages import make_tile_coords
-from slidesnake.tiling import TileParams
+from slidesnake.cohort.jobs import run_job
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords
 
 run_job(
     lambda: make_tile_coords(

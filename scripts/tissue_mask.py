@@ -1,8 +1,8 @@
-"""Snakemake script of rule tissue_mask: thin glue to slidesnake.stages."""
+"""Snakemake script of rule tissue_mask: thin glue to slidesnake.tiling.stages."""
 
-from slidesnake.jobs import run_job
-from slidesnake.stages import make_tissue_mask
-from slidesnake.tissue import TissueParams
+from slidesnake.cohort.jobs import run_job
+from slidesnake.tiling.stages import make_tissue_mask
+from slidesnake.tiling.tissue import TissueParams
 
 run_job(
     lambda: make_tissue_mask(

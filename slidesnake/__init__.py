@@ -2,7 +2,7 @@
 
 from importlib.metadata import version
 
-from slidesnake.embedding_store import export_h5, load_embeddings
+from slidesnake.embed.store import export_h5, load_embeddings
 from slidesnake.errors import (
     ConfigError,
     ModelError,
@@ -13,9 +13,9 @@ from slidesnake.errors import (
     SlideReadError,
     SlidesnakeError,
 )
-from slidesnake.maskfile import TissueMask, load_mask
-from slidesnake.slide import Slide
-from slidesnake.tile_table import read_tiles
+from slidesnake.slides.slide import Slide
+from slidesnake.tiling.mask_file import TissueMask, load_mask
+from slidesnake.tiling.tile_table import read_tiles
 
 __version__ = version("slidesnake")
 

@@ -28,18 +28,18 @@ import openslide
 import torch
 from PIL import Image
 
-from slidesnake.embed_settings import EmbedSettings
-from slidesnake.embedder import build_embedder
-from slidesnake.embedding import embed_slide
-from slidesnake.models import model_spec
-from slidesnake.slide import Slide
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import BENCH_SLIDES, Rect, random_blobs, write_slide
-from slidesnake.tile_loader import ReadPlan, TileBatches, tile_reader
-from slidesnake.tile_readers import CompressedTiles
-from slidesnake.tile_table import read_tiles, write_tiles
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.settings import EmbedSettings
+from slidesnake.loader.batches import ReadPlan, TileBatches, tile_reader
+from slidesnake.loader.readers import CompressedTiles
+from slidesnake.models.embedder import build_embedder
+from slidesnake.models.registry import model_spec
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.synthetic import BENCH_SLIDES, Rect, random_blobs, write_slide
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles, write_tiles
+from slidesnake.tiling.tissue import TissueParams
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from slidesnake.demo import write_demo_slides
-from slidesnake.embed_settings import DEMO, EmbedSettings
-from slidesnake.jobs import run_job
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import BENCH_SLIDES, random_blobs, write_slide
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.cohort.demo import write_demo_slides
+from slidesnake.cohort.jobs import run_job
+from slidesnake.embed.settings import DEMO, EmbedSettings
+from slidesnake.slides.synthetic import BENCH_SLIDES, random_blobs, write_slide
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tissue import TissueParams
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -98,7 +98,7 @@ def _settings(args: argparse.Namespace) -> EmbedSettings:
 
 
 def _embed(args: argparse.Namespace) -> None:
-    from slidesnake.embedding import embed_slide
+    from slidesnake.embed.loop import embed_slide
 
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def _embed(args: argparse.Namespace) -> None:
 
 
 def _export_h5(args: argparse.Namespace) -> None:
-    from slidesnake.embedding_store import export_h5
+    from slidesnake.embed.store import export_h5
 
     export_h5(args.zarr, args.h5)
 

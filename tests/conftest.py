@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slidesnake.synthetic import Rect, random_blobs, write_slide
+from slidesnake.slides.synthetic import Rect, random_blobs, write_slide
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_SLIDES = REPO.parent / "shared" / "slides"

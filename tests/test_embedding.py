@@ -22,16 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from slidesnake import ModelError, export_h5, load_embeddings
-from slidesnake.embed_settings import EmbedSettings
-from slidesnake.embedding import embed_slide
-from slidesnake.embedding_store import EmbeddingWriter
-from slidesnake.progress import Progress
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import random_blobs, write_slide
-from slidesnake.tile_loader import ReadPlan
-from slidesnake.tile_table import read_tiles, write_tiles
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.progress import Progress
+from slidesnake.embed.settings import EmbedSettings
+from slidesnake.embed.store import EmbeddingWriter
+from slidesnake.loader.batches import ReadPlan
+from slidesnake.slides.synthetic import random_blobs, write_slide
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles, write_tiles
+from slidesnake.tiling.tissue import TissueParams
 
 MEAN = (0.6, 0.5, 0.7)
 STD = (0.2, 0.25, 0.15)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from conftest import SHARED_SLIDES, jobs_run
 
-from slidesnake.synthetic import Rect, random_blobs, write_slide
+from slidesnake.slides.synthetic import Rect, random_blobs, write_slide
 
 pytestmark = pytest.mark.workflow
 

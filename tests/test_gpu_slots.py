@@ -12,7 +12,7 @@ import pytest
 
 CLAIM = """
 import os, sys, time
-from slidesnake.gpu_slots import claim_gpu
+from slidesnake.embed.gpu_slots import claim_gpu
 print(claim_gpu(wait_s=float(sys.argv[1])), os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
 time.sleep(float(sys.argv[2]))
 """

@@ -22,10 +22,10 @@ import pytest
 import torch
 from test_models import export, tiny_vit
 
-from slidesnake.embedder import build_embedder
 from slidesnake.errors import ModelError
-from slidesnake.models import model_spec
-from slidesnake.synthetic import Rect, write_slide
+from slidesnake.models.embedder import build_embedder
+from slidesnake.models.registry import model_spec
+from slidesnake.slides.synthetic import Rect, write_slide
 
 CPU = torch.device("cpu")
 

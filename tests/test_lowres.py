@@ -3,10 +3,10 @@ import logging
 import numpy as np
 import pytest
 
-from slidesnake import lowres
-from slidesnake.lowres import read_lowres
-from slidesnake.slide import Slide
-from slidesnake.synthetic import Rect, write_slide
+from slidesnake.slides import lowres
+from slidesnake.slides.lowres import read_lowres
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.synthetic import Rect, write_slide
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import pytest
 import timm
 import torch
 
-from slidesnake.checkpoints import sha256
-from slidesnake.embedder import build_embedder, build_network
 from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models import (
+from slidesnake.models.checkpoints import sha256
+from slidesnake.models.embedder import build_embedder, build_network
+from slidesnake.models.registry import (
     BIOPTIMUS_MEAN,
     BIOPTIMUS_STD,
     IMAGENET_MEAN,

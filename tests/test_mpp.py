@@ -3,9 +3,9 @@ import math
 import pytest
 
 from slidesnake.errors import MppError
-from slidesnake.mpp import resolve_mpp
-from slidesnake.slide import Slide
-from slidesnake.synthetic import Rect, write_slide
+from slidesnake.slides.mpp import resolve_mpp
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.synthetic import Rect, write_slide
 
 
 def resolve(props, sheet=None):

@@ -5,10 +5,10 @@ import openslide
 import pytest
 
 from slidesnake.errors import MppError
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.tile_table import read_tiles
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams, saturation
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles
+from slidesnake.tiling.tissue import TissueParams, saturation
 
 pytestmark = pytest.mark.real_slides
 

@@ -5,10 +5,10 @@ import pytest
 import yaml
 from conftest import REPO, write_sheet
 
+from slidesnake.cohort.samples import SAFE_ID, read_sample_sheet
 from slidesnake.errors import SampleSheetError
-from slidesnake.samples import SAFE_ID, read_sample_sheet
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.tissue import TissueParams
 
 
 def test_good_sheet_is_indexed_by_slide_id(tmp_path):
@@ -77,7 +77,7 @@ def test_config_defaults_match_the_package_defaults():
 
 
 def test_nested_config_overrides_get_their_yaml_types():
-    from slidesnake.config_overrides import typed_sections
+    from slidesnake.cohort.config_overrides import typed_sections
 
     config = {"samples": "123", "tiles": {"stride": "112", "mpp": "0.5", "x": "null", "n": "a"}}
     assert typed_sections(config) == {

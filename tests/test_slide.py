@@ -3,7 +3,7 @@ import openslide
 import pytest
 
 from slidesnake.errors import SlideOpenError
-from slidesnake.slide import Slide
+from slidesnake.slides.slide import Slide
 
 
 def test_levels_and_resolution_of_a_40x_pyramid(rect_slide):

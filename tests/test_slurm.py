@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, Workflow
 
 from slidesnake import load_embeddings
-from slidesnake.tile_table import read_tiles
+from slidesnake.tiling.tile_table import read_tiles
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 

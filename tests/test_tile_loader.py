@@ -17,18 +17,18 @@ import openslide
 import pytest
 import tifffile
 
-from slidesnake.batch_ring import ORPHAN_CHECK_S, BatchRing
 from slidesnake.errors import LoaderWorkerError, SlideReadError
-from slidesnake.loader_workers import LoaderWorkers
-from slidesnake.slide import Slide
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import random_blobs, write_slide
-from slidesnake.tile_cells import CELL_MAX_PX, plan_cells
-from slidesnake.tile_loader import ReadPlan, TileBatches, tile_reader
-from slidesnake.tile_readers import RegionReads
-from slidesnake.tile_table import read_tiles
-from slidesnake.tiling import TileParams
-from slidesnake.tissue import TissueParams
+from slidesnake.loader.batch_ring import ORPHAN_CHECK_S, BatchRing
+from slidesnake.loader.batches import ReadPlan, TileBatches, tile_reader
+from slidesnake.loader.cells import CELL_MAX_PX, plan_cells
+from slidesnake.loader.readers import RegionReads
+from slidesnake.loader.workers import LoaderWorkers
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.synthetic import random_blobs, write_slide
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles
+from slidesnake.tiling.tissue import TissueParams
 
 
 def tiled(slide: Path, out: Path, params: TileParams | None = None) -> Path:
@@ -272,8 +272,8 @@ def test_closing_a_stream_early_stops_its_workers(tmp_path, slide_40x):
 ORPHAN = """
 import multiprocessing, os, sys
 import numpy as np
-from slidesnake.tile_loader import TileBatches
-from slidesnake.tile_table import read_tiles
+from slidesnake.loader.batches import TileBatches
+from slidesnake.tiling.tile_table import read_tiles
 tiles, geometry = read_tiles(sys.argv[2])
 coords = tiles[["x", "y"]].to_numpy(np.int64)
 stream = TileBatches(sys.argv[1], "s", coords, geometry, 4).stream(2, 1)

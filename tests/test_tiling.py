@@ -5,12 +5,12 @@ import pandas as pd
 import pytest
 from conftest import RECT_SLIDE, RECT_TILES, RECT_TISSUE
 
-from slidesnake.maskfile import TissueMask, load_mask
-from slidesnake.stages import make_tile_coords, make_tissue_mask
-from slidesnake.synthetic import write_slide
-from slidesnake.tile_table import read_tiles
-from slidesnake.tiling import TileParams, tissue_fractions
-from slidesnake.tissue import TissueParams
+from slidesnake.slides.synthetic import write_slide
+from slidesnake.tiling.grid import TileParams, tissue_fractions
+from slidesnake.tiling.mask_file import TissueMask, load_mask
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles
+from slidesnake.tiling.tissue import TissueParams
 
 
 def tile(slide, out, **params):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from slidesnake.tissue import TissueParams, detect_tissue
+from slidesnake.tiling.tissue import TissueParams, detect_tissue
 
 MPP = 8.0
 PINK = (225, 150, 190)

@@ -8,9 +8,9 @@ import pytest
 from conftest import REPO, Workflow, jobs_run
 
 from slidesnake import load_embeddings
-from slidesnake.maskfile import load_mask
-from slidesnake.synthetic import random_blobs, write_slide
-from slidesnake.tile_table import read_tiles
+from slidesnake.slides.synthetic import random_blobs, write_slide
+from slidesnake.tiling.mask_file import load_mask
+from slidesnake.tiling.tile_table import read_tiles
 
 pytestmark = pytest.mark.workflow
 

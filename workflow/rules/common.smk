@@ -5,11 +5,11 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from slidesnake.cohort import write_cohort_summary
-from slidesnake.config_overrides import typed_sections
+from slidesnake.cohort.summary import write_cohort_summary
+from slidesnake.cohort.config_overrides import typed_sections
 from slidesnake.errors import SlidesnakeError
-from slidesnake.models import check_model_config
-from slidesnake.samples import read_sample_sheet
+from slidesnake.models.registry import check_model_config
+from slidesnake.cohort.samples import read_sample_sheet
 
 config.update(typed_sections(config))
 validate(config, "../schemas/config.schema.yaml")

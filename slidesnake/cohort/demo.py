@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slidesnake.synthetic import random_blobs, write_slide
+from slidesnake.slides.synthetic import random_blobs, write_slide
 
 
 def write_demo_slides(directory: str | Path) -> list[Path]:

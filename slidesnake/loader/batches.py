@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from slidesnake.batch_ring import BatchRing
-from slidesnake.loader_workers import LoaderWorkers
-from slidesnake.slide import Slide
-from slidesnake.tile_cells import plan_cells
-from slidesnake.tile_readers import CompressedTiles, RegionReads
-from slidesnake.tiling import TileGeometry
+from slidesnake.loader.batch_ring import BatchRing
+from slidesnake.loader.cells import plan_cells
+from slidesnake.loader.readers import CompressedTiles, RegionReads
+from slidesnake.loader.workers import LoaderWorkers
+from slidesnake.slides.slide import Slide
+from slidesnake.tiling.grid import TileGeometry
 
 
 @dataclass(frozen=True)

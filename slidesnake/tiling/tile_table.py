@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from slidesnake.atomic import atomic_output
-from slidesnake.tiling import TileGeometry
+from slidesnake.tiling.grid import TileGeometry
 
 _METADATA_KEY = b"slidesnake.geometry"
 _SCHEMA = pa.schema([("x", pa.int64()), ("y", pa.int64()), ("tissue_fraction", pa.float32())])

@@ -15,15 +15,15 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from slidesnake.checkpoints import (
+from slidesnake.errors import ConfigError, ModelError
+from slidesnake.models.checkpoints import (
     fetch_from_hub,
     is_program,
     load_program,
     load_state_dict,
     sha256,
 )
-from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models import ModelSpec, weights_source
+from slidesnake.models.registry import ModelSpec, weights_source
 
 log = logging.getLogger(__name__)
 

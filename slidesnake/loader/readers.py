@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from slidesnake.slide import Slide
-from slidesnake.tiff_tiles import TiledLevel
+from slidesnake.slides.slide import Slide
+from slidesnake.slides.tiff_tiles import TiledLevel
 
 
 class CompressedTiles:

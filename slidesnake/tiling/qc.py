@@ -14,7 +14,7 @@ from PIL import Image
 from scipy import ndimage as ndi
 
 from slidesnake.atomic import atomic_output
-from slidesnake.maskfile import TissueMask
+from slidesnake.tiling.mask_file import TissueMask
 
 CONTOUR = np.array([0, 170, 0], np.uint8)
 TILE_FILL = np.array([40, 90, 255], np.float32)

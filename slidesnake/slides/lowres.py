@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slidesnake.slide import Slide
+from slidesnake.slides.slide import Slide
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import numpy as np
 import openslide
 
 from slidesnake.errors import SlideOpenError, SlideReadError
-from slidesnake.mpp import Mpp, resolve_mpp
-from slidesnake.tiff_tiles import TiffTiledLevels, TiledLevel
+from slidesnake.slides.mpp import Mpp, resolve_mpp
+from slidesnake.slides.tiff_tiles import TiffTiledLevels, TiledLevel
 
 # A level this much coarser than asked still counts as "at" the asked resolution
 # (a 0.499 µm/px scan serves 0.5 µm/px tiles from level 0).

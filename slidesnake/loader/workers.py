@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from slidesnake.batch_ring import RingOrphaned
 from slidesnake.errors import LoaderWorkerError, SlidesnakeError
+from slidesnake.loader.batch_ring import RingOrphaned
 
 # A worker's tickets, given its lane and the number of lanes.
 TicketSource = Callable[[int, int], Iterator[Any]]

@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from slidesnake.lowres import read_lowres
-from slidesnake.maskfile import TissueMask, load_mask, save_mask
-from slidesnake.qc import draw_mask_contour, draw_tiles, load_picture, save_picture
-from slidesnake.slide import Slide
-from slidesnake.tile_table import write_tiles
-from slidesnake.tiling import TileParams, grid_tiles, tile_geometry
-from slidesnake.tissue import TissueParams, detect_tissue
+from slidesnake.slides.lowres import read_lowres
+from slidesnake.slides.slide import Slide
+from slidesnake.tiling.grid import TileParams, grid_tiles, tile_geometry
+from slidesnake.tiling.mask_file import TissueMask, load_mask, save_mask
+from slidesnake.tiling.qc import draw_mask_contour, draw_tiles, load_picture, save_picture
+from slidesnake.tiling.tile_table import write_tiles
+from slidesnake.tiling.tissue import TissueParams, detect_tissue
 
 log = logging.getLogger(__name__)
 

@@ -16,22 +16,22 @@ import resource
 import threading
 import time
 from dataclasses import asdict
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-import slidesnake
 from slidesnake.atomic import atomic_output
-from slidesnake.embed_settings import EmbedSettings
-from slidesnake.embedder import Embedder, build_embedder
-from slidesnake.embedding_store import EmbeddingWriter
+from slidesnake.embed.progress import Progress
+from slidesnake.embed.settings import EmbedSettings
+from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.errors import ModelError
-from slidesnake.models import model_spec
-from slidesnake.progress import Progress
-from slidesnake.tile_loader import TileBatches
-from slidesnake.tile_table import read_tiles
+from slidesnake.loader.batches import TileBatches
+from slidesnake.models.embedder import Embedder, build_embedder
+from slidesnake.models.registry import model_spec
+from slidesnake.tiling.tile_table import read_tiles
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, ti
         "weights_sha256": embedder.weights_sha256,
         "precision": str(embedder.dtype).removeprefix("torch."),
         "features_dtype": settings.output_dtype,
-        "slidesnake_version": slidesnake.__version__,
+        "slidesnake_version": version("slidesnake"),
         "timings": timings,
     }
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from slidesnake.maskfile import TissueMask
+from slidesnake.tiling.mask_file import TissueMask
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from slidesnake.errors import ModelError
-from slidesnake.pt2_archive import check_archive
+from slidesnake.models.pt2_archive import check_archive
 
 log = logging.getLogger(__name__)
 

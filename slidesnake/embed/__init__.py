@@ -1,0 +1,7 @@
+"""Embed: the embedding stage of one slide. Its settings, the loop that feeds batches from
+the loader to the model, the zarr store it writes, progress and watchdog logging, and the
+GPU slot a job claims before CUDA starts.
+
+Imports `loader`, `models`, `tiling` (the tile table), `errors` and `atomic`; never the
+cohort glue.
+"""

@@ -1,0 +1,111 @@
+"""The package's rooms keep to what their docstrings say they may import.
+
+Each subpackage of `slidesnake` lists the rooms it may import; the modules at the top
+(`errors`, `atomic`) import nothing of ours, and only `cli` and `bench` import across
+the whole package. Function-level imports count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "slidesnake"
+
+# room -> the rooms of ours it may import (besides itself)
+MAY_IMPORT = {
+    "slides": {"errors"},
+    "tiling": {"slides", "errors", "atomic"},
+    "loader": {"slides", "tiling", "errors"},
+    "models": {"errors"},
+    "embed": {"loader", "models", "tiling", "errors", "atomic"},
+    "cohort": {"slides", "errors", "atomic"},
+    "errors": set(),
+    "atomic": set(),
+}
+# room -> third-party modules it must not import (prefixes)
+MUST_NOT_IMPORT = {
+    "slides": {"torch", "timm"},
+    "tiling": {"torch", "timm"},
+    "loader": {"torch.cuda", "timm"},
+    "cohort": {"torch", "timm"},
+}
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in a file, at any depth; `torch.cuda` attribute
+    uses count as imports of `torch.cuda`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: use absolute imports"
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif _is_torch_cuda(node):
+            found.append((node.lineno, "torch.cuda"))
+    return found
+
+
+def _is_torch_cuda(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "cuda"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+    )
+
+
+def room_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def violations(path: Path, room: str) -> list[str]:
+    found = []
+    for line, module in imports(path):
+        parts = module.split(".")
+        if parts[0] == "slidesnake":
+            target = parts[1] if len(parts) > 1 else "slidesnake"
+            if target != room and target not in MAY_IMPORT[room]:
+                found.append(f"{path.name}:{line}: {room} imports {module}")
+        for banned in MUST_NOT_IMPORT.get(room, ()):
+            if module == banned or module.startswith(banned + "."):
+                found.append(f"{path.name}:{line}: {room} imports {module}")
+    return found
+
+
+GOVERNED = sorted(p for p in PACKAGE.rglob("*.py") if room_of(p) in MAY_IMPORT)
+
+
+@pytest.mark.parametrize("path", GOVERNED, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_module_imports_only_what_its_room_may(path):
+    assert violations(path, room_of(path)) == []
+
+
+def test_every_subpackage_is_governed_and_says_what_it_holds():
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(MAY_IMPORT) - {"errors", "atomic"}
+    for room in rooms:
+        docstring = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
+        assert docstring and "import" in docstring.lower(), (
+            f"{room}/__init__.py: say what it may import"
+        )
+
+
+@pytest.mark.parametrize(
+    ("room", "source", "caught"),
+    [
+        ("models", "def f():\n    from slidesnake.loader.batches import TileBatches\n", "loader"),
+        ("slides", "import slidesnake.tiling.grid\n", "slidesnake.tiling.grid"),
+        ("loader", "import torch\nx = torch.cuda.is_available()\n", "torch.cuda"),
+        ("cohort", "from torch import nn\n", "torch.nn"),
+    ],
+)
+def test_a_forbidden_import_is_caught(tmp_path, room, source, caught):
+    module = tmp_path / "probe.py"
+    module.write_text(source)
+    found = violations(module, room)
+    assert len(found) == 1 and caught in found[0]

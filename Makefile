@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/slidesnake demo-slides demo/slides
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/snakefmt --check Snakefile workflow
+	$(BIN)/snakefmt --check workflow
 	$(BIN)/snakemake --lint --configfile config/demo.yaml
 
 bench: install

@@ -72,7 +72,7 @@ class Workflow:
     """A scratch working directory with the project's default config (model: the tests'
     model) and a sample sheet."""
 
-    def __init__(self, workdir: Path, snakefile: Path = REPO / "Snakefile") -> None:
+    def __init__(self, workdir: Path, snakefile: Path = REPO / "workflow" / "Snakefile") -> None:
         self.dir = workdir
         self.snakefile = snakefile
         (workdir / "config").mkdir(parents=True, exist_ok=True)

@@ -114,10 +114,10 @@ def test_bad_sample_sheet_stops_before_any_job(workflow, rect_slide):
 def test_editing_a_script_without_changing_results_recomputes_nothing(tmp_path, blob_slide):
     copy = tmp_path / "slidesnake"
     copy.mkdir()
-    for part in ("Snakefile", "workflow", "scripts", "config", "envs", "profiles"):
+    for part in ("workflow", "scripts", "config", "envs", "profiles"):
         source = REPO / part
         (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
-    workflow = Workflow(tmp_path / "run", snakefile=copy / "Snakefile")
+    workflow = Workflow(tmp_path / "run", snakefile=copy / "workflow" / "Snakefile")
     workflow.sheet([("blobs", blob_slide)])
     workflow.run()
     script = copy / "scripts" / "embed_tiles.py"

@@ -1,17 +1,19 @@
 import re
 
 import pandas as pd
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
 from slidesnake.cohort.summary import write_cohort_summary
-from slidesnake.cohort.config_overrides import typed_sections
+from slidesnake.cohort.config_overrides import typed_sections, with_defaults
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models.registry import check_model_config
 from slidesnake.cohort.samples import read_sample_sheet
 
-config.update(typed_sections(config))
+with open(workflow.source_path("../../config/config.yaml")) as defaults:
+    config.update(with_defaults(typed_sections(config), yaml.safe_load(defaults)))
 validate(config, "../schemas/config.schema.yaml")
 
 try:

@@ -19,7 +19,7 @@ demo: install
 	$(BIN)/snakemake --cores $(CORES) --configfile config/demo.yaml
 	$(BIN)/snakemake --configfile config/demo.yaml --report results/report.html
 	@echo
-	@echo "Done. Per slide, under results/<slide_id>/:"
+	@echo "Done. Per slide, under results/slides/<slide_id>/:"
 	@echo "  tissue_mask.png  qc_mask.png (tissue outline)  tiles.parquet  qc_tiles.png (kept tiles)"
 	@echo "  embeddings.zarr (features, coords)  metrics.json (tiles/s, loader wait, memory)"
 	@echo "Cohort table, QC pictures and metrics: results/report.html (open it in a browser)"

@@ -6,17 +6,17 @@ from slidesnake.embed.settings import EmbedSettings
 
 
 def embed() -> None:
-    claim_gpu(snakemake.params.gpu_ids)
+    claim_gpu(snakemake.config["gpu"]["ids"])
     # Imported after the claim: CUDA must start seeing only the claimed GPU.
     from slidesnake.embed.loop import embed_slide
 
     embed_slide(
-        slide_path=snakemake.input.slide,
+        slide_path=snakemake.params.slide,
         slide_id=snakemake.wildcards.slide_id,
         tiles_path=snakemake.input.tiles,
         zarr_path=snakemake.output.zarr,
         metrics_path=snakemake.output.metrics,
-        settings=EmbedSettings.from_config(snakemake.params.settings),
+        settings=EmbedSettings.from_config(snakemake.config),
     )
 
 

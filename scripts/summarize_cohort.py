@@ -4,6 +4,8 @@ from slidesnake.cohort.jobs import run_job
 from slidesnake.cohort.summary import write_cohort_html
 
 run_job(
-    lambda: write_cohort_html(snakemake.params.slide_ids, "results", "logs", snakemake.output[0]),
+    lambda: write_cohort_html(
+        snakemake.params.slide_ids, "results/slides", "logs/slides", snakemake.output[0]
+    ),
     log_path=snakemake.log[0],
 )

@@ -6,11 +6,11 @@ from slidesnake.tiling.tissue import TissueParams
 
 run_job(
     lambda: make_tissue_mask(
-        slide_path=snakemake.input.slide,
+        slide_path=snakemake.params.slide,
         slide_id=snakemake.wildcards.slide_id,
         mask_path=snakemake.output.mask,
         qc_path=snakemake.output.qc,
-        params=TissueParams.from_mapping(snakemake.params.tissue),
+        params=TissueParams.from_mapping(snakemake.config["tissue"]),
         sheet_mpp=snakemake.params.mpp,
     ),
     log_path=snakemake.log[0],

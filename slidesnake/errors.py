@@ -36,6 +36,10 @@ class SlideReadError(SlideError):
     """The slide opened but its pixels could not be decoded."""
 
 
+class SlideSizeError(SlideError):
+    """Reading the slide would decode more pixels than the configured bound allows."""
+
+
 class MppError(SlideError):
     """The slide's microns per pixel are unknown or implausible."""
 

@@ -105,10 +105,10 @@ class Workflow:
         return result
 
     def result(self, slide_id: str, name: str) -> Path:
-        return self.dir / "results" / slide_id / name
+        return self.dir / "results" / "slides" / slide_id / name
 
     def log(self, slide_id: str, rule: str) -> str:
-        return (self.dir / "logs" / slide_id / f"{rule}.log").read_text()
+        return (self.dir / "logs" / "slides" / slide_id / f"{rule}.log").read_text()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ the whole package. Function-level imports count too.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ MAY_IMPORT = {
     "loader": {"slides", "tiling", "errors"},
     "models": {"errors"},
     "embed": {"loader", "models", "tiling", "errors", "atomic"},
-    "cohort": {"slides", "errors", "atomic"},
+    "cohort": {"slides", "tiling", "embed", "errors", "atomic"},
     "errors": set(),
     "atomic": set(),
 }
@@ -93,6 +95,17 @@ def test_every_subpackage_is_governed_and_says_what_it_holds():
         assert docstring and "import" in docstring.lower(), (
             f"{room}/__init__.py: say what it may import"
         )
+
+
+def test_the_workflows_own_python_imports_no_torch():
+    """What common.smk imports at DAG time: torch there would cost seconds per run."""
+    code = (
+        "import sys; import slidesnake.cohort.config, slidesnake.cohort.rule_params, "
+        "slidesnake.cohort.samples, slidesnake.cohort.summary, slidesnake.models.registry; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 @pytest.mark.parametrize(

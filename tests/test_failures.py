@@ -105,7 +105,7 @@ def test_sigkill_mid_embedding_leaves_nothing_complete_and_only_that_slide_rerun
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    dense = workflow.dir / "results" / "dense"
+    dense = workflow.dir / "results" / "slides" / "dense"
     wait_for(lambda: embedding_started(dense))
     time.sleep(3)
     os.killpg(run.pid, signal.SIGKILL)  # Snakemake, the job and its loader workers

@@ -1,4 +1,4 @@
-"""Hostile inputs: files written to attack the job, each a member of a class of attack.
+"""Hostile inputs: files and settings written to break a run, each a member of a class.
 
 Checkpoints: every format a user can point `model.checkpoint` at, made to run code (a
 payload that would create a marker file). For the .pt2 members that torch itself would
@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import pathlib
 import pickle
+import re
 import subprocess
 import sys
 import zipfile
@@ -20,12 +22,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from conftest import REPO, jobs_run, write_sheet
 from test_models import export, tiny_vit
 
-from slidesnake.errors import ModelError
+from slidesnake.cohort.config import check_config
+from slidesnake.cohort.samples import read_sample_sheet, sheet_warnings
+from slidesnake.errors import ConfigError, ModelError, SampleSheetError, SlideSizeError
 from slidesnake.models.embedder import build_embedder
-from slidesnake.models.registry import model_spec
+from slidesnake.models.registry import check_model_config, model_spec
 from slidesnake.slides.synthetic import Rect, write_slide
+from slidesnake.tiling.stages import make_tissue_mask
+from slidesnake.tiling.tissue import TissueParams
 
 CPU = torch.device("cpu")
 
@@ -263,3 +271,186 @@ def test_a_job_with_a_hostile_checkpoint_fails_its_slide_with_one_line(tmp_path,
     assert "stores 'cls_token' as a pickle" in errors[0]
     assert not marker.exists()
     assert not (out / "embeddings.zarr").exists()
+
+
+# --- names: no slide id can be a cohort output or leave its folder ---------------------
+
+
+@pytest.fixture(scope="module")
+def small_slide(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("small") / "small.svs"
+    return write_slide(path, 2048, 2048, [Rect(448, 448, 1792, 1792)], mpp=0.5, levels=2)
+
+
+def cohort_status(workflow) -> dict[str, str]:
+    rows = (workflow.dir / "results" / "cohort.tsv").read_text().splitlines()[1:]
+    return {row.split("\t")[0]: row.split("\t")[1] for row in rows}
+
+
+@pytest.mark.workflow
+def test_slide_ids_named_like_cohort_outputs_destroy_nothing(workflow, small_slide):
+    ids = ["cohort.tsv", "cohort.html", "summarize_cohort.log", "slides", "report.html"]
+    workflow.sheet([(slide_id, small_slide) for slide_id in ids])
+    workflow.run()
+    assert cohort_status(workflow) == dict.fromkeys(ids, "done")
+    assert (workflow.dir / "results" / "cohort.html").is_file()
+    for slide_id in ids:
+        assert workflow.result(slide_id, "metrics.json").is_file()
+    assert "Nothing to be done" in workflow.run().stderr
+
+
+@pytest.mark.parametrize(
+    "slide_id",
+    ["-rf", ".hidden", "..", "a..b", "x" * 129, "esc\x1bape", "bell\x07", "nul\x00", "é"],
+)
+def test_ids_that_are_not_portable_file_names_are_refused(tmp_path, small_slide, slide_id):
+    sheet = tmp_path / "s.tsv"
+    sheet.write_text(f"slide_id\tpath\n{slide_id}\t{small_slide}\n")
+    with pytest.raises(SampleSheetError):
+        read_sample_sheet(sheet)
+
+
+# --- values pandas would reinterpret, paths that are not slide files -----------------
+
+
+def test_sheet_cells_are_read_as_the_text_they_are(tmp_path):
+    (tmp_path / "case#3.svs").touch()
+    for name in ("NA.svs", "null.svs"):
+        (tmp_path / name).touch()
+    sheet = tmp_path / "s.tsv"
+    sheet.write_text(
+        "slide_id\tpath\tmpp\n# a comment line\nNA\tNA.svs\t\nnull\tnull.svs\t0.25\n"
+        "case3\tcase#3.svs\t\n"
+    )
+    samples = read_sample_sheet(sheet, base_dir=tmp_path)
+    assert list(samples.index) == ["NA", "null", "case3"]
+    assert samples.loc["case3", "path"] == "case#3.svs"
+    assert samples.loc["null", "mpp"] == 0.25 and samples["mpp"].isna().sum() == 2
+
+
+def test_paths_that_are_not_regular_files_are_refused(tmp_path):
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    rows = [("folder", "folder"), ("pipe", "pipe"), ("device", "/dev/null")]
+    sheet = tmp_path / "s.tsv"
+    sheet.write_text("slide_id\tpath\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
+    with pytest.raises(SampleSheetError) as raised:
+        read_sample_sheet(sheet, base_dir=tmp_path)
+    assert "slide 'folder': folder is a directory" in str(raised.value)
+    assert "slide 'pipe': pipe is not a regular file" in str(raised.value)
+    assert "slide 'device': /dev/null is not a regular file" in str(raised.value)
+
+
+@pytest.mark.parametrize("mpp", ["0", "-0.5", "352.7", "nan", "inf", "0,25", "x"])
+def test_an_implausible_sheet_mpp_is_refused(tmp_path, small_slide, mpp):
+    sheet = tmp_path / "s.tsv"
+    sheet.write_text(f"slide_id\tpath\tmpp\ns\t{small_slide}\t{mpp}\n")
+    with pytest.raises(SampleSheetError, match=f"mpp '{re.escape(mpp)}' is not a number"):
+        read_sample_sheet(sheet)
+
+
+def test_missing_and_shared_files_are_warnings(tmp_path, small_slide):
+    (tmp_path / "link.svs").symlink_to(small_slide)
+    rows = [("a", small_slide), ("b", tmp_path / "link.svs"), ("gone", tmp_path / "gone.svs")]
+    samples = read_sample_sheet(write_sheet(tmp_path / "s.tsv", rows))
+    warnings = sheet_warnings(samples)
+    assert any("slide 'gone': file not found" in w for w in warnings)
+    assert any("slides ['a', 'b'] are the same file" in w for w in warnings)
+
+
+@pytest.mark.workflow
+def test_a_deleted_slide_fails_its_own_jobs_and_the_cohort_runs(workflow, small_slide, tmp_path):
+    workflow.sheet([("kept", small_slide), ("deleted", tmp_path / "deleted.svs")])
+    result = workflow.run(check=False)
+    assert result.returncode != 0
+    assert "sample sheet: slide 'deleted': file not found" in result.stderr
+    assert cohort_status(workflow) == {"kept": "done", "deleted": "failed"}
+    assert "slide 'deleted'" in workflow.log("deleted", "make_tissue_mask")
+
+
+# --- config: checked whole, one line per problem --------------------------------------
+
+
+def repo_config(**sections: dict) -> dict:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for section, values in sections.items():
+        config[section] |= values
+    return config
+
+
+def test_every_config_problem_is_one_line_naming_its_key():
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    config = repo_config(
+        tiles={"size": 100_000, "mpp": 0},
+        loader={"workers": 10_000},
+        model={"batch_size": 0, "precision": "fp8"},
+    )
+    config["tisue"] = {}
+    with pytest.raises(ConfigError) as raised:
+        check_config(config, schema)
+    lines = str(raised.value).splitlines()[1:]
+    for key in ("tiles.size", "tiles.mpp", "loader.workers", "model.batch_size", "model.precision"):
+        assert sum(line.strip().startswith(f"{key}: ") for line in lines) == 1, lines
+    assert any("'tisue' was unexpected" in line for line in lines)
+    assert len(lines) == 6
+
+
+@pytest.mark.parametrize("name", ["timm:vit_tiny_patch16_224x", "timm:not_a_model"])
+def test_a_timm_architecture_timm_does_not_know_is_a_config_error(name):
+    with pytest.raises(ConfigError, match="timm has no architecture"):
+        check_model_config({"name": name, "weights": "random"}, {"size": 224, "mpp": 0.5})
+
+
+# --- re-runs follow results, not spelling ---------------------------------------------
+
+
+def reversed_sections(config: dict) -> dict:
+    return {
+        key: dict(reversed(value.items())) if isinstance(value, dict) else value
+        for key, value in reversed(config.items())
+    }
+
+
+@pytest.mark.workflow
+def test_reruns_follow_results_not_spelling(workflow, small_slide):
+    workflow.sheet([("s", small_slide)])
+    workflow.run()
+    path = workflow.dir / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    same = reversed_sections(config)
+    same["tissue"]["mpp"] = int(same["tissue"]["mpp"])  # 8 for 8.0
+    same["embed"] = {"progress_s": 1, "watchdog_s": 7}
+    same["loader"] = {"workers": 2, "prefetch": 1, "block": 8}
+    same["gpu"] = {"ids": [0]}
+    same["tissue"]["max_decode_mpx"] = 5
+    path.write_text(yaml.safe_dump(same, sort_keys=False))
+    assert "Nothing to be done" in workflow.run().stderr
+    same["tiles"]["mask_threshold"] = 0.9  # a setting that changes the tiles
+    path.write_text(yaml.safe_dump(same, sort_keys=False))
+    rerun = workflow.run()
+    assert jobs_run(rerun, "make_tile_coords") == ["s"]
+    assert jobs_run(rerun, "make_tissue_mask") == []
+
+
+# --- work that cannot end -------------------------------------------------------------
+
+
+def test_masking_refuses_to_decode_more_than_its_bound(tmp_path):
+    flat = write_slide(
+        tmp_path / "flat.tif",
+        4096,
+        4096,
+        [Rect(0, 0, 4096, 4096)],
+        mpp=0.5,
+        levels=1,
+        vendor="generic",
+    )
+    params = TissueParams(max_decode_mpx=10)
+    with pytest.raises(SlideSizeError) as raised:
+        make_tissue_mask(flat, "flat", tmp_path / "m.png", tmp_path / "q.png", params)
+    message = str(raised.value)
+    assert message.startswith(f"slide 'flat' ({flat}): masking would decode 17 Mpx")
+    assert "tissue.max_decode_mpx" in message and "pyramidal" in message
+    assert not (tmp_path / "m.png").exists()
+    make_tissue_mask(flat, "flat", tmp_path / "m.png", tmp_path / "q.png", TissueParams())
+    assert (tmp_path / "m.png").is_file()

@@ -59,7 +59,7 @@ def host(workdir: Path, slide: Path) -> Path:
 
 
 def assert_embedded(workdir: Path, expected_tiles: int) -> None:
-    features, coords, attributes = load_embeddings(workdir / "results/rect/embeddings.zarr")
+    features, coords, attributes = load_embeddings(workdir / "results/slides/rect/embeddings.zarr")
     assert features.shape == (expected_tiles, 64) and len(coords) == expected_tiles
     assert attributes["model"] == "timm:test_vit"
     # A default the host did not give, from the workflow's own config/config.yaml:

@@ -90,8 +90,8 @@ def test_each_bad_slide_fails_its_own_job_and_good_slides_finish(shared_slides, 
     assert len(read_tiles(workflow.result("tcga", "tiles.parquet"))[0]) > 20
     assert read_tiles(workflow.result("small", "tiles.parquet"))[0].empty  # 16 px: no tile fits
     for slide_id, (file, reason) in BAD.items():
-        assert not (workflow.dir / "results" / slide_id).exists() or not any(
-            (workflow.dir / "results" / slide_id).iterdir()
+        assert not (workflow.dir / "results" / "slides" / slide_id).exists() or not any(
+            (workflow.dir / "results" / "slides" / slide_id).iterdir()
         ), slide_id
         error_lines = [
             line

@@ -29,15 +29,18 @@ def test_every_problem_is_reported_at_once(tmp_path):
         ("../evil", "ok.svs"),
         ("has space", "ok.svs"),
         ("sub/dir", "ok.svs"),
-        ("gone", "missing/gone.svs"),
+        ("-rf", "ok.svs"),
+        ("dir", "."),
+        ("bad-mpp", "ok.svs", "352.7"),
     ]
     with pytest.raises(SampleSheetError) as err:
         read_sample_sheet(write_sheet(tmp_path / "s.tsv", rows), base_dir=tmp_path)
     message = str(err.value)
     assert "slide_id 'ok' appears more than once" in message
-    for bad in ("'../evil'", "'has space'", "'sub/dir'"):
-        assert f"slide_id {bad} is not a safe file name" in message
-    assert "file not found: missing/gone.svs" in message
+    for bad in ("'../evil'", "'has space'", "'sub/dir'", "'-rf'"):
+        assert f"slide_id {bad} is not a portable file name" in message
+    assert "slide 'dir': . is a directory" in message
+    assert "slide 'bad-mpp': mpp '352.7' is not a number of microns per pixel" in message
 
 
 def test_sheet_without_required_columns(tmp_path):
@@ -60,6 +63,9 @@ def test_sheet_without_required_columns(tmp_path):
         ("a b", False),
         ("", False),
         ("é", False),
+        ("-x", False),
+        ("a" * 128, True),
+        ("a" * 129, False),
     ],
 )
 def test_schema_and_package_agree_on_safe_ids(slide_id, safe):
@@ -77,7 +83,7 @@ def test_config_defaults_match_the_package_defaults():
 
 
 def test_nested_config_overrides_get_their_yaml_types():
-    from slidesnake.cohort.config_overrides import typed_sections
+    from slidesnake.cohort.config import typed_sections
 
     config = {"samples": "123", "tiles": {"stride": "112", "mpp": "0.5", "x": "null", "n": "a"}}
     assert typed_sections(config) == {

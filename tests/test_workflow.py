@@ -103,11 +103,11 @@ def test_a_model_that_does_not_fit_the_tiles_stops_before_any_job(workflow, rect
 
 
 def test_bad_sample_sheet_stops_before_any_job(workflow, rect_slide):
-    workflow.sheet([("rect", rect_slide), ("rect", rect_slide), ("x", "nowhere/x.svs")])
+    workflow.sheet([("rect", rect_slide), ("rect", rect_slide), ("x", rect_slide.parent)])
     result = workflow.run(check=False)
     assert result.returncode != 0
     assert "slide_id 'rect' appears more than once" in result.stderr
-    assert "file not found: nowhere/x.svs" in result.stderr
+    assert f"slide 'x': {rect_slide.parent} is a directory" in result.stderr
     assert not (workflow.dir / "results").exists()
 
 

@@ -1,7 +1,8 @@
-"""Cohort: what the Snakemake workflow needs around the stages. The sample sheet, config
-overrides typed from the command line, running a stage as a job with one-line failures,
-the cohort summary, and the demo cohort.
+"""Cohort: what the Snakemake workflow needs around the stages. The sample sheet, the
+config (defaults, typed overrides, schema check), each rule's params, running a stage as
+a job with one-line failures, the cohort summary, and the demo cohort.
 
-Imports `slides` (the demo's synthetic slides), `errors` and `atomic`; never the heavy
-stages (torch, the loader, models), so that the workflow's own Python stays light.
+Imports `slides`, `tiling` and `embed` (their settings and the demo's synthetic slides),
+`errors` and `atomic`; never torch, timm, the loader or models' heavy side, so that the
+workflow's own Python stays light (tests/test_boundaries.py imports it to check).
 """

@@ -1,30 +1,39 @@
 """The sample sheet: which slides make the cohort, checked before any job starts.
 
 A bad sheet is cheaper to fix before a thousand jobs are queued than after, so every
-problem found is reported at once, each with the row it comes from.
+problem found is reported at once, each with the row it comes from. Every cell is read as
+the text it is: pandas would turn an id 'NA' into a missing value and cut a path at '#'.
+A slide file that is missing is not a problem of the sheet: that slide fails its own jobs
+and the others run.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
 from pathlib import Path
 
 import pandas as pd
 
 from slidesnake.errors import SampleSheetError
+from slidesnake.slides.mpp import PLAUSIBLE_MPP
 
-# Slide ids become directory names under results/: letters, digits, '.', '_', '-' only,
-# not starting with '.', and no '..'.
-SAFE_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+# Slide ids become directory names under results/slides/: letters, digits, '.', '_', '-',
+# starting with a letter, digit or '_' (not an option, not hidden), no '..', and short
+# enough for any file system once a job's temporary suffix is added.
+SAFE_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 
 
 def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFrame:
     """Read a TSV with `slide_id`, `path` and optional `mpp`, indexed by slide id.
 
-    Relative slide paths are taken from `base_dir` (Snakemake's working directory).
+    Relative slide paths are taken from `base_dir` (Snakemake's working directory). Lines
+    whose first cell starts with '#' are comments.
     """
     try:
-        sheet = pd.read_csv(path, sep="\t", dtype={"slide_id": str, "path": str}, comment="#")
+        sheet = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_filter=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise SampleSheetError(f"sample sheet {path}: cannot be read ({err})") from None
     missing_columns = {"slide_id", "path"} - set(sheet.columns)
@@ -33,27 +42,73 @@ def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFr
             f"sample sheet {path}: missing column(s) {sorted(missing_columns)}; "
             "it needs tab-separated 'slide_id' and 'path' (and optionally 'mpp')"
         )
+    sheet = sheet[~sheet["slide_id"].str.startswith("#")]
     if "mpp" not in sheet.columns:
-        sheet["mpp"] = float("nan")
+        sheet = sheet.assign(mpp="")
     problems = _problems(sheet, Path(base_dir))
     if problems:
         raise SampleSheetError(f"sample sheet {path}:\n  " + "\n  ".join(problems))
+    sheet = sheet.assign(mpp=[float(mpp) if mpp.strip() else math.nan for mpp in sheet["mpp"]])
     return sheet.set_index("slide_id", drop=False)
+
+
+def sheet_warnings(sheet: pd.DataFrame, base_dir: str | Path = ".") -> list[str]:
+    """What does not stop the cohort but deserves a line: missing files, shared files."""
+    warnings = [
+        f"slide '{slide_id}': file not found: {path}; its jobs will fail, the others run"
+        for slide_id, path in zip(sheet["slide_id"], sheet["path"], strict=True)
+        if not (Path(base_dir) / path).exists()
+    ]
+    resolved = pd.Series([os.path.realpath(Path(base_dir) / p) for p in sheet["path"]])
+    for shared in resolved[resolved.duplicated()].unique():
+        ids = sheet["slide_id"][(resolved == shared).to_numpy()].tolist()
+        warnings.append(f"slides {ids} are the same file {shared}")
+    return warnings
 
 
 def _problems(sheet: pd.DataFrame, base_dir: Path) -> list[str]:
     problems = []
     for row, record in enumerate(sheet.itertuples(index=False), start=2):
         slide_id, path = record.slide_id, record.path
-        if not isinstance(slide_id, str) or not SAFE_ID.match(slide_id):
+        if not SAFE_ID.match(slide_id):
             problems.append(
-                f"line {row}: slide_id {slide_id!r} is not a safe file name "
-                "(use letters, digits, '.', '_', '-'; no spaces, '/' or '..')"
+                f"line {row}: slide_id {slide_id!r} is not a portable file name (use at "
+                "most 128 letters, digits, '.', '_', '-', starting with a letter, digit "
+                "or '_'; no spaces, '/' or '..')"
             )
-        if not isinstance(path, str) or not path.strip():
-            problems.append(f"line {row}: slide '{slide_id}' has no path")
-        elif not (base_dir / path).exists():
-            problems.append(f"line {row}: slide '{slide_id}': file not found: {path}")
+        problems += _path_problems(row, slide_id, path, base_dir)
+        problems += _mpp_problems(row, slide_id, record.mpp)
     duplicated = sheet["slide_id"][sheet["slide_id"].duplicated()].unique()
     problems += [f"slide_id '{d}' appears more than once" for d in duplicated]
     return problems
+
+
+def _path_problems(row: int, slide_id: str, path: str, base_dir: Path) -> list[str]:
+    if not path.strip():
+        return [f"line {row}: slide '{slide_id}' has no path"]
+    try:
+        mode = (base_dir / path).stat().st_mode
+    except FileNotFoundError:
+        return []  # a missing slide fails its own jobs (sheet_warnings says so)
+    except OSError as err:
+        return [f"line {row}: slide '{slide_id}': {path} cannot be read ({err.strerror})"]
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        return [f"line {row}: slide '{slide_id}': {path} is {kind}; give the slide's file"]
+    return []
+
+
+def _mpp_problems(row: int, slide_id: str, mpp: str) -> list[str]:
+    if not mpp.strip():
+        return []
+    low, high = PLAUSIBLE_MPP
+    try:
+        value = float(mpp)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:
+        return [
+            f"line {row}: slide '{slide_id}': mpp {mpp!r} is not a number of microns per "
+            f"pixel between {low} and {high}; leave it empty to read it from the slide"
+        ]
+    return []

@@ -122,8 +122,21 @@ def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
 def check_model_config(model: dict[str, Any], tiles: dict[str, Any]) -> None:
     """Config errors of model.* found before any job runs: unknown model, wrong tiles, no file."""
     spec = model_spec(model["name"], model.get("mean"), model.get("std"))
+    if spec.name.startswith("timm:"):
+        _check_timm_architecture(spec.architecture)
     check_tiles_fit(spec, tiles["size"], tiles["mpp"])
     weights_source(spec, model.get("weights", "checkpoint"), model.get("checkpoint"))
+
+
+def _check_timm_architecture(architecture: str) -> None:
+    import timm  # here only: the registry stays cheap to import for other models
+
+    if not timm.is_model(architecture):
+        close = timm.list_models(f"*{architecture.split('_')[0]}*")[:5]
+        hint = f"; similar names: {', '.join(close)}" if close else ""
+        raise ConfigError(
+            f"model.name 'timm:{architecture}': timm has no architecture '{architecture}'{hint}"
+        )
 
 
 def weights_source(spec: ModelSpec, weights: str, checkpoint: str | None) -> str | None:

@@ -8,10 +8,12 @@ stays bounded whatever the slide size, and say what it costs.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from slidesnake.errors import SlideSizeError
 from slidesnake.slides.slide import Slide
 
 log = logging.getLogger(__name__)
@@ -31,18 +33,28 @@ class LowRes:
     mpp: float  # µm per picture px
 
 
-def read_lowres(slide: Slide, target_mpp: float) -> LowRes:
-    """The whole slide at about `target_mpp`, never reading level 0 of a pyramid."""
+def read_lowres(slide: Slide, target_mpp: float, max_decode_mpx: float = math.inf) -> LowRes:
+    """The whole slide at about `target_mpp`, never reading level 0 of a pyramid, and never
+    decoding more than `max_decode_mpx` megapixels: a small file can declare any size."""
     level = slide.level_for_mpp(target_mpp)
     if level == 0 and len(slide.levels) > 1:
         level = 1  # level 1 is coarser than asked but costs a fraction of level 0
+    megapixels = slide.levels[level].width * slide.levels[level].height / 1e6
+    if megapixels > max_decode_mpx:
+        raise SlideSizeError(
+            slide.slide_id,
+            slide.path,
+            f"masking would decode {megapixels:.0f} Mpx of level {level}, the smallest "
+            f"level it may read, more than tissue.max_decode_mpx ({max_decode_mpx:g})",
+            "convert the slide to a pyramidal TIFF (e.g. vips tiffsave --tile --pyramid) "
+            "or, if it really is this large, raise tissue.max_decode_mpx",
+        )
     if len(slide.levels) == 1:
-        width, height = slide.dimensions
         log.warning(
             "slide '%s' has no reduced-resolution level: masking decodes all %.0f Mpx of "
             "level 0 (a pyramidal export of the slide avoids this)",
             slide.slide_id,
-            width * height / 1e6,
+            megapixels,
         )
     factor = max(1, round(target_mpp / slide.level_mpp(level)))
     rgb = _read_binned(slide, level, factor)

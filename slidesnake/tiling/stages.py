@@ -38,7 +38,7 @@ def make_tissue_mask(
             slide.mpp,
             slide.mpp_info.source,
         )
-        lowres = read_lowres(slide, params.mpp)
+        lowres = read_lowres(slide, params.mpp, params.max_decode_mpx)
         mask = TissueMask(
             mask=detect_tissue(lowres.rgb, lowres.mpp, params),
             mpp=lowres.mpp,

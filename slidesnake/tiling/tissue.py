@@ -27,6 +27,7 @@ class TissueParams:
     min_saturation: float = 0.07  # below this saturation a pixel is never tissue
     min_object_um2: float = 20_000.0  # smaller islands are specks, not tissue
     max_hole_um2: float = 50_000.0  # smaller holes inside tissue are filled
+    max_decode_mpx: float = 1000.0  # bound on pixels decoded when there is no reduced level
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TissueParams:

@@ -1,6 +1,6 @@
 rule summarize_cohort:
     input:
-        metrics=expand("results/{slide_id}/metrics.json", slide_id=samples.index),
+        metrics=expand("results/slides/{slide_id}/metrics.json", slide_id=samples.index),
     output:
         report(
             "results/cohort.html",

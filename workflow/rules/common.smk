@@ -1,4 +1,5 @@
 import re
+from pathlib import Path
 
 import pandas as pd
 import yaml
@@ -6,26 +7,32 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
+from slidesnake.cohort.config import check_config, typed_sections, with_defaults
+from slidesnake.cohort.rule_params import embedding_params, tile_params, tissue_params
+from slidesnake.cohort.samples import read_sample_sheet, sheet_warnings
 from slidesnake.cohort.summary import write_cohort_summary
-from slidesnake.cohort.config_overrides import typed_sections, with_defaults
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models.registry import check_model_config
-from slidesnake.cohort.samples import read_sample_sheet
 
-with open(workflow.source_path("../../config/config.yaml")) as defaults:
-    config.update(with_defaults(typed_sections(config), yaml.safe_load(defaults)))
-validate(config, "../schemas/config.schema.yaml")
+
+def load_yaml(path):
+    with open(path) as f:
+        return yaml.safe_load(f)
+
 
 try:
+    defaults = load_yaml(workflow.source_path("../../config/config.yaml"))
+    config.update(with_defaults(typed_sections(config), defaults))
+    check_config(
+        config, load_yaml(workflow.source_path("../schemas/config.schema.yaml"))
+    )
+    check_model_config(config["model"], config["tiles"])
     samples = read_sample_sheet(config["samples"])
 except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
 validate(samples, "../schemas/samples.schema.yaml")
-
-try:
-    check_model_config(config["model"], config["tiles"])
-except SlidesnakeError as err:
-    raise WorkflowError(str(err)) from None
+for warning in sheet_warnings(samples):
+    logger.warning(f"sample sheet: {warning}")
 
 
 wildcard_constraints:
@@ -33,21 +40,24 @@ wildcard_constraints:
 
 
 def cohort_targets():
-    """Every per-slide output the cohort needs."""
+    """Every per-slide output the cohort needs. Per-slide outputs and logs live under
+    slides/, so that no slide id can name a cohort output (results/cohort.tsv) or log.
+    """
     return expand(
-        "results/{slide_id}/{name}",
+        "results/slides/{slide_id}/{name}",
         slide_id=samples.index,
         name=["qc_tiles.png", "embeddings.zarr", "metrics.json"],
     )
 
 
-def embed_settings():
-    """The config sections the embedding job reads."""
-    return {key: config[key] for key in ("model", "loader", "output", "embed")}
-
-
-def slide_path(wildcards):
+def slide_file(wildcards):
     return samples.loc[wildcards.slide_id, "path"]
+
+
+def slide_input(wildcards):
+    """The slide as an input when it exists; a missing one fails its own job, not the DAG."""
+    path = slide_file(wildcards)
+    return path if Path(path).exists() else []
 
 
 def sheet_mpp(wildcards):
@@ -58,7 +68,9 @@ def sheet_mpp(wildcards):
 
 def summarize_cohort():
     """results/cohort.tsv, after every run, whether slides failed or not."""
-    table = write_cohort_summary(samples.index, "results", "logs", "results/cohort.tsv")
+    table = write_cohort_summary(
+        samples.index, "results/slides", "logs/slides", "results/cohort.tsv"
+    )
     counts = table["status"].value_counts()
     logger.info(
         "cohort: "

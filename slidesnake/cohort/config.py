@@ -1,4 +1,5 @@
-"""The run's config over the workflow's defaults, with typed `snakemake --config` values.
+"""The run's config: laid over the workflow's defaults, typed, and checked against the
+schema with one line per problem.
 
 A module, a snakedeploy deployment or a run from another directory gives only the keys it
 changes; the rest come from the workflow's own config/config.yaml. Snakemake parses
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import yaml
+
+from slidesnake.errors import ConfigError
 
 
 def typed_sections(config: dict[str, Any]) -> dict[str, Any]:
@@ -43,3 +47,17 @@ def with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str,
         both_sections = isinstance(value, dict) and isinstance(default, dict)
         merged[key] = {**default, **value} if both_sections else value
     return merged
+
+
+def check_config(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Raise one ConfigError with a line per schema violation, each naming its key."""
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = sorted(validator.iter_errors(config), key=lambda error: list(error.path))
+    if problems:
+        raise ConfigError(
+            "config:\n  " + "\n  ".join(f"{_key(p.path)}: {p.message}" for p in problems)
+        )
+
+
+def _key(path: Any) -> str:
+    return ".".join(map(str, path)) or "(top level)"

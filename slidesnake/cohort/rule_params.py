@@ -1,0 +1,58 @@
+"""The `params:` of each rule: only what decides its outputs, in one spelling.
+
+Snakemake re-runs a rule for every slide when the text of its params changes. So a rule
+gets its stage's settings as the stage's own dataclass gives them, field by field in a
+fixed order, numbers typed as the field declares: keys in another order, `1` for `1.0`,
+or a setting that cannot change a result (progress and watchdog intervals, loader
+processes, GPU ids, the mask stage's decoding bound) re-run nothing. The params are for
+Snakemake alone: a job reads all its settings from the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from slidesnake.embed.settings import EmbedSettings
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.tissue import TissueParams
+
+# What an embedding depends on; the loader's and the log's settings only change speed.
+EMBEDDING_FIELDS = (
+    "model",
+    "weights",
+    "checkpoint",
+    "mean",
+    "std",
+    "precision",
+    "batch_size",
+    "output_dtype",
+)
+
+
+def tissue_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    params = _canonical(TissueParams.from_mapping(config["tissue"]))
+    del params["max_decode_mpx"]  # decides whether a slide fails, never what a mask is
+    return params
+
+
+def tile_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    return _canonical(TileParams.from_mapping(config["tiles"]))
+
+
+def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    settings = _canonical(EmbedSettings.from_config(config))
+    return {name: settings[name] for name in EMBEDDING_FIELDS}
+
+
+def _canonical(settings: object) -> dict[str, Any]:
+    values = {}
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        if isinstance(value, int) and not isinstance(value, bool) and "float" in str(field.type):
+            value = float(value)
+        elif isinstance(value, tuple | list):
+            value = [float(item) for item in value]
+        values[field.name] = value
+    return values

@@ -20,4 +20,4 @@ def embed() -> None:
     )
 
 
-run_job(embed, log_path=snakemake.log[0])
+run_job(embed, log_path=snakemake.log[0], slide_id=snakemake.wildcards.slide_id)

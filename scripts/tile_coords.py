@@ -15,4 +15,5 @@ run_job(
         params=TileParams.from_mapping(snakemake.config["tiles"]),
     ),
     log_path=snakemake.log[0],
+    slide_id=snakemake.wildcards.slide_id,
 )

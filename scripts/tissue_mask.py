@@ -14,4 +14,5 @@ run_job(
         sheet_mpp=snakemake.params.mpp,
     ),
     log_path=snakemake.log[0],
+    slide_id=snakemake.wildcards.slide_id,
 )

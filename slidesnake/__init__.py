@@ -5,6 +5,7 @@ from importlib.metadata import version
 from slidesnake.embed.store import export_h5, load_embeddings
 from slidesnake.errors import (
     ConfigError,
+    EmbeddingsError,
     ModelError,
     MppError,
     SampleSheetError,
@@ -21,6 +22,7 @@ __version__ = version("slidesnake")
 
 __all__ = [
     "ConfigError",
+    "EmbeddingsError",
     "ModelError",
     "MppError",
     "SampleSheetError",

@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     _add_model_arguments(bench, bench=True)
 
     args = parser.parse_args(argv)
-    run_job(lambda: _COMMANDS[args.command](args))
+    # The stages of one slide name it in their errors, as the workflow's jobs do.
+    slide_id = Path(args.slide).stem if args.command in ("mask", "tiles", "embed") else None
+    run_job(lambda: _COMMANDS[args.command](args), slide_id=slide_id)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:

@@ -60,5 +60,9 @@ class ModelError(SlidesnakeError):
     """A checkpoint that cannot be read, or that does not fit its architecture."""
 
 
+class EmbeddingsError(SlidesnakeError):
+    """An embeddings store that is missing, unfinished or not one slidesnake wrote."""
+
+
 class GpuSlotError(SlidesnakeError):
     """No GPU came free for an embedding job."""

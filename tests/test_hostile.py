@@ -14,21 +14,32 @@ import os
 import pathlib
 import pickle
 import re
+import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from conftest import REPO, jobs_run, write_sheet
 from test_models import export, tiny_vit
 
+from slidesnake import load_embeddings
 from slidesnake.cohort.config import check_config
 from slidesnake.cohort.samples import read_sample_sheet, sheet_warnings
-from slidesnake.errors import ConfigError, ModelError, SampleSheetError, SlideSizeError
+from slidesnake.cohort.summary import failure_in_run
+from slidesnake.errors import (
+    ConfigError,
+    EmbeddingsError,
+    ModelError,
+    SampleSheetError,
+    SlideSizeError,
+)
 from slidesnake.models.embedder import build_embedder
 from slidesnake.models.registry import check_model_config, model_spec
 from slidesnake.slides.synthetic import Rect, write_slide
@@ -454,3 +465,108 @@ def test_masking_refuses_to_decode_more_than_its_bound(tmp_path):
     assert not (tmp_path / "m.png").exists()
     make_tissue_mask(flat, "flat", tmp_path / "m.png", tmp_path / "q.png", TissueParams())
     assert (tmp_path / "m.png").is_file()
+
+
+# --- the cohort table says what happened in this run ---------------------------------
+
+
+@pytest.mark.workflow
+def test_a_slide_replaced_by_a_broken_file_is_failed_not_done(workflow, small_slide, tmp_path):
+    slide = tmp_path / "case.svs"
+    shutil.copy(small_slide, slide)
+    workflow.sheet([("case", slide), ("other", small_slide)])
+    workflow.run()
+    assert cohort_status(workflow) == {"case": "done", "other": "done"}
+    slide.write_bytes(b"II*\x00 replaced by something broken")
+    result = workflow.run(check=False)
+    assert result.returncode != 0
+    table = (workflow.dir / "results" / "cohort.tsv").read_text()
+    assert cohort_status(workflow) == {"case": "failed", "other": "done"}
+    assert f"slide 'case' ({slide})" in table
+    assert workflow.result("case", "metrics.json").is_file()  # the old outputs, not trusted
+
+
+def run_job_in_process(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    """A real job process: `body` is the stage, run by run_job with a log and a slide."""
+    code = run_job_script(tmp_path, body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("raise MemoryError('cannot allocate 30 GB')", "unexpected MemoryError: cannot allocate"),
+        ("raise OSError(28, 'No space left on device')", "unexpected OSError: [Errno 28]"),
+        ("import timm; timm.create_model('no_such_model')", "unexpected RuntimeError: Unknown"),
+    ],
+)
+def test_an_unexpected_error_is_one_line_naming_the_slide(tmp_path, body, error):
+    result = run_job_in_process(tmp_path, body)
+    assert result.returncode == 1
+    log = (tmp_path / "logs" / "s" / "embed_tiles.log").read_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"slide 's': {error}" in errors[0], log
+    assert "Traceback (most recent call last)" in log
+    reason = failure_in_run(tmp_path / "logs" / "s", since=0)
+    assert reason.startswith(f"slide 's': {error}")
+
+
+def test_a_killed_job_is_failed_in_the_table(tmp_path):
+    job = subprocess.Popen(
+        [sys.executable, "-c", run_job_script(tmp_path, "import time; time.sleep(60)")]
+    )
+    log = tmp_path / "logs" / "s" / "embed_tiles.log"
+    for _ in range(100):
+        if log.is_file():
+            break
+        time.sleep(0.1)
+    job.kill()
+    job.wait()
+    assert "stopped without a result (killed?)" in failure_in_run(log.parent, since=0)
+    finished = run_job_in_process(tmp_path, "pass")
+    assert finished.returncode == 0
+    assert failure_in_run(log.parent, since=0) == ""
+
+
+def run_job_script(tmp_path: Path, body: str) -> str:
+    return (
+        "import logging\nfrom slidesnake.cohort.jobs import run_job\n"
+        f"def stage():\n    logging.getLogger('slidesnake').info('working')\n    {body}\n"
+        f"run_job(stage, log_path={str(tmp_path / 'logs' / 's' / 'embed_tiles.log')!r}, "
+        "slide_id='s')\n"
+    )
+
+
+# --- reading results back -------------------------------------------------------------
+
+
+def test_load_embeddings_reads_only_finished_stores(tmp_path):
+    from slidesnake.embed.store import EmbeddingWriter
+
+    coords = np.array([[0, 0], [224, 0]], np.int64)
+    temporary = tmp_path / ".embeddings.zarr.tmp-123"
+    writer = EmbeddingWriter(temporary, coords, 4, "float16")
+    writer.put(np.arange(2), np.ones((2, 4), np.float32))
+    with pytest.raises(EmbeddingsError, match="temporary store of an embedding job"):
+        load_embeddings(temporary)
+    unfinished = tmp_path / "embeddings.zarr"
+    EmbeddingWriter(unfinished, coords, 4, "float16")
+    with pytest.raises(EmbeddingsError, match="not a finished embeddings store"):
+        load_embeddings(unfinished)
+    with pytest.raises(EmbeddingsError, match="not an embeddings store slidesnake wrote"):
+        load_embeddings(tmp_path / "nowhere.zarr")
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "message"),
+    [
+        ("nowhere.zarr", "out.h5", "nowhere.zarr is not an embeddings store"),
+        (".embeddings.zarr.tmp-9", "out.h5", "temporary store"),
+    ],
+)
+def test_export_h5_errors_are_one_line(tmp_path, source, target, message):
+    (tmp_path / source).mkdir()
+    result = slidesnake("export-h5", tmp_path / source, tmp_path / target)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and message in errors[0], result.stderr

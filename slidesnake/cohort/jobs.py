@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,21 +36,41 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def run_job(stage: Callable[[], object], log_path: str | Path | None = None) -> None:
-    """Run `stage`; on a slidesnake error, log it and exit non-zero with that one line.
+# The last line of a job that finished; a log that ends otherwise belongs to a job that
+# failed (an ERROR line) or was killed before it could say anything.
+JOB_DONE = "job done"
 
-    SIGTERM unwinds the stage like an error, so temporary outputs are removed and loader
-    workers stopped before the job exits with 128 + SIGTERM, as a shell would report it.
+
+def run_job(
+    stage: Callable[[], object], log_path: str | Path | None = None, slide_id: str | None = None
+) -> None:
+    """Run `stage`; on any error, log one line naming the slide and exit non-zero.
+
+    slidesnake's own errors say what is wrong and what to do. Anything else (a library
+    error, a full disk, an allocation that fails) gets its traceback in the log, then the
+    same one line, so the cohort table can say why. SIGTERM unwinds the stage like an
+    error, so temporary outputs are removed and loader workers stopped before the job
+    exits with 128 + SIGTERM, as a shell would report it.
     """
     configure_logging(log_path)
     signal.signal(signal.SIGTERM, _raise_terminated)
+    log = logging.getLogger("slidesnake")
+    named = f"slide '{slide_id}': " if slide_id else ""
     try:
         stage()
     except SlidesnakeError as err:
-        logging.getLogger("slidesnake").error("%s", err)
+        log.error("%s%s", "" if str(err).startswith("slide '") else named, err)
         sys.exit(1)
     except Terminated:
-        logging.getLogger("slidesnake").error(
-            "stopped by SIGTERM; nothing was written, the next run redoes this slide"
-        )
+        log.error("%sstopped by SIGTERM; nothing was written, the next run redoes it", named)
         sys.exit(128 + signal.SIGTERM)
+    except Exception as err:
+        log.info("the traceback of the error below:\n%s", traceback.format_exc().rstrip())
+        log.error(
+            "%sunexpected %s: %s; nothing was written; the traceback is in this job's log",
+            named,
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "(no message)",
+        )
+        sys.exit(1)
+    log.info(JOB_DONE)

@@ -2,7 +2,11 @@
 
 Snakemake skips the jobs downstream of a failed one, so a summary rule would never run on
 a cohort with one bad slide. The summary is written by the workflow's onsuccess and
-onerror handlers instead, from what is on disk: finished outputs and the jobs' logs.
+onerror handlers instead, and says what happened in this run: a slide any of whose jobs
+failed in this run is failed, even if outputs of an earlier run are still on disk (its
+file was replaced, say). A job of this run is one whose log was written since the run
+started; its log ends with the job's one-line error, with JOB_DONE, or with neither when
+the job was killed.
 """
 
 from __future__ import annotations
@@ -14,43 +18,57 @@ from pathlib import Path
 import pandas as pd
 
 from slidesnake.atomic import atomic_output
+from slidesnake.cohort.jobs import JOB_DONE
 
 COLUMNS = ["slide_id", "status", "reason", "tiles", "wall_s", "tiles_per_s", "loader_wait_fraction"]
 
 
-def slide_status(slide_id: str, results: Path, logs: Path) -> dict[str, object]:
-    """One row of the summary: 'done' with its metrics, 'failed' with why, or 'pending'."""
+def slide_status(
+    slide_id: str, results: Path, logs: Path, since: float | None = None
+) -> dict[str, object]:
+    """One row of the summary: 'done' with its metrics, 'failed' with why, or 'pending'.
+
+    `since` is when this run started; without it, only the outputs on disk count."""
+    reason = failure_in_run(logs / slide_id, since) if since is not None else ""
+    if reason:
+        return {"slide_id": slide_id, "status": "failed", "reason": reason}
     metrics_path = results / slide_id / "metrics.json"
     if metrics_path.is_file() and (results / slide_id / "embeddings.zarr").is_dir():
         metrics = json.loads(metrics_path.read_text())
         return {"slide_id": slide_id, "status": "done", "reason": "", **metrics}
-    reason = last_error(logs / slide_id)
-    return {"slide_id": slide_id, "status": "failed" if reason else "pending", "reason": reason}
+    return {"slide_id": slide_id, "status": "pending", "reason": ""}
 
 
-def last_error(log_dir: Path) -> str:
-    """The one-line reason of the slide's most recent failed job, or '' if none failed."""
-    for log in sorted(log_dir.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True):
+def failure_in_run(log_dir: Path, since: float) -> str:
+    """Why a job of this slide failed in the run started at `since`, or '' if none did."""
+    logs = [log for log in log_dir.glob("*.log") if log.stat().st_mtime >= since]
+    for log in sorted(logs, key=lambda p: p.stat().st_mtime):
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if " ERROR " in line]
         if errors:
             return errors[-1].split(": ", 1)[-1]
-        if any(line.startswith("Traceback") for line in lines):
-            return f"{log.stem} crashed: {lines[-1].strip()}"
+        if not lines or not lines[-1].endswith(JOB_DONE):
+            return f"{log.stem} stopped without a result (killed?); see {log}"
     return ""
 
 
-def cohort_table(slide_ids: Iterable[str], results: str | Path, logs: str | Path) -> pd.DataFrame:
+def cohort_table(
+    slide_ids: Iterable[str], results: str | Path, logs: str | Path, since: float | None = None
+) -> pd.DataFrame:
     """One row per slide, in sheet order, with the COLUMNS."""
-    rows = [slide_status(slide_id, Path(results), Path(logs)) for slide_id in slide_ids]
+    rows = [slide_status(slide_id, Path(results), Path(logs), since) for slide_id in slide_ids]
     return pd.DataFrame(rows).reindex(columns=COLUMNS).astype({"tiles": "Int64"})
 
 
 def write_cohort_summary(
-    slide_ids: Iterable[str], results: str | Path, logs: str | Path, path: str | Path
+    slide_ids: Iterable[str],
+    results: str | Path,
+    logs: str | Path,
+    path: str | Path,
+    since: float | None = None,
 ) -> pd.DataFrame:
-    """Write the summary as a TSV and return it."""
-    table = cohort_table(slide_ids, results, logs)
+    """Write the summary of the run started at `since` as a TSV and return it."""
+    table = cohort_table(slide_ids, results, logs, since)
     with atomic_output(path) as tmp:
         table.to_csv(tmp, sep="\t", index=False)
     return table

@@ -27,7 +27,6 @@ from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.store import EmbeddingWriter
-from slidesnake.errors import ModelError
 from slidesnake.loader.batches import TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder
 from slidesnake.models.registry import model_spec
@@ -49,12 +48,9 @@ def embed_slide(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)
-    try:
-        embedder = build_embedder(
-            spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
-        )
-    except ModelError as err:  # one line that names the slide, as a cohort's log needs
-        raise type(err)(f"slide '{slide_id}': {err}") from None
+    embedder = build_embedder(
+        spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
+    )
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     dataset = TileBatches(
         slide_path, slide_id, coords, geometry, settings.batch_size, settings.block

@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import zarr
 
+from slidesnake.atomic import atomic_output
+from slidesnake.errors import EmbeddingsError
+
 CHUNK_ROWS = 4096
 
 
@@ -65,9 +68,27 @@ class EmbeddingWriter:
 
 
 def load_embeddings(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """(features N x D, coords N x 2 level-0 top-left, attributes) of an embeddings.zarr."""
-    group = zarr.open_group(str(path), mode="r")
-    return group["features"][:], group["coords"][:], dict(group.attrs)
+    """(features N x D, coords N x 2 level-0 top-left, attributes) of an embeddings.zarr.
+
+    Only a finished store: a job's hidden temporary (`.embeddings.zarr.tmp-<pid>`) may be
+    half-written, and attributes are written last, so a store without them is unfinished.
+    """
+    path = Path(path)
+    if path.name.startswith(".") and ".tmp-" in path.name:
+        raise EmbeddingsError(
+            f"{path} is the temporary store of an embedding job that is running or was "
+            f"killed, possibly half-written; read {path.parent / 'embeddings.zarr'} instead"
+        )
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        attributes = dict(group.attrs)
+        if "slide_id" not in attributes:
+            raise EmbeddingsError(f"{path} is not a finished embeddings store (no attributes)")
+        return group["features"][:], group["coords"][:], attributes
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as err:
+        raise EmbeddingsError(
+            f"{path} is not an embeddings store slidesnake wrote ({type(err).__name__})"
+        ) from None
 
 
 def export_h5(zarr_path: str | Path, h5_path: str | Path) -> None:
@@ -75,9 +96,12 @@ def export_h5(zarr_path: str | Path, h5_path: str | Path) -> None:
     import h5py
 
     features, coords, attributes = load_embeddings(zarr_path)
-    with h5py.File(h5_path, "w") as f:
-        f.create_dataset("features", data=features)
-        dataset = f.create_dataset("coords", data=coords)
-        for key in ("patch_size_level0", "target_mpp", "slide_id"):
-            if key in attributes:
-                dataset.attrs[key] = attributes[key]
+    try:
+        with atomic_output(h5_path) as tmp, h5py.File(tmp, "w") as f:
+            f.create_dataset("features", data=features)
+            dataset = f.create_dataset("coords", data=coords)
+            for key in ("patch_size_level0", "target_mpp", "slide_id"):
+                if key in attributes:
+                    dataset.attrs[key] = attributes[key]
+    except OSError as err:
+        raise EmbeddingsError(f"{h5_path} cannot be written ({err.strerror or err})") from None

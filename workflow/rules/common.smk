@@ -1,4 +1,5 @@
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -66,10 +67,18 @@ def sheet_mpp(wildcards):
     return None if pd.isna(mpp) else float(mpp)
 
 
+RUN_STARTED = time.time()
+
+
 def summarize_cohort():
-    """results/cohort.tsv, after every run, whether slides failed or not."""
+    """results/cohort.tsv, after every run, whether slides failed or not: what happened
+    in this run, from the logs of its jobs, and what is on disk for the others."""
     table = write_cohort_summary(
-        samples.index, "results/slides", "logs/slides", "results/cohort.tsv"
+        samples.index,
+        "results/slides",
+        "logs/slides",
+        "results/cohort.tsv",
+        RUN_STARTED,
     )
     counts = table["status"].value_counts()
     logger.info(

@@ -58,6 +58,24 @@ def test_each_job_gets_its_own_gpu_and_a_dead_jobs_gpu_is_free_again(pretend_gpu
             job.wait()
 
 
+def test_a_job_waiting_for_a_gpu_says_once_who_holds_them_and_what_to_pass(pretend_gpus):
+    first, second = claim(hold_s=60), claim(hold_s=60)
+    try:
+        holders = {first.stdout.readline().split()[0]: first.pid}
+        holders[second.stdout.readline().split()[0]] = second.pid
+        waiting = claim(wait_s=11)  # three rounds of waiting, then it gives up
+        assert waiting.wait(timeout=60) != 0
+        stderr = waiting.stderr.read()
+        assert stderr.count("are taken") == 1, stderr
+        assert "pass --resources gpu=2" in stderr
+        for gpu, pid in holders.items():
+            assert f"GPU {gpu}: pid {pid}" in stderr
+    finally:
+        for job in (first, second):
+            job.kill()
+            job.wait()
+
+
 def test_an_allocation_that_set_cuda_visible_devices_is_kept(monkeypatch, tmp_path):
     monkeypatch.delenv("SLIDESNAKE_GPU_IDS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")

@@ -54,6 +54,7 @@ def claim_gpu(configured: list[str] | None = None, wait_s: float = 3600.0) -> st
     )
     lock_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
+    waiting = False
     while True:
         for gpu in ids:
             fd = os.open(lock_dir / f"gpu-{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
@@ -74,5 +75,28 @@ def claim_gpu(configured: list[str] | None = None, wait_s: float = 3600.0) -> st
                 f"--resources gpu={len(ids)} (at most one embedding job per GPU), or list "
                 "more GPUs in gpu.ids"
             )
-        log.warning("all GPUs %s are taken; run with --resources gpu=%d. Waiting", ids, len(ids))
+        if not waiting:  # said once: the job then waits quietly until the deadline
+            log.warning(
+                "all GPUs %s are taken (%s); this job waits up to %.0f s for one. More "
+                "embedding jobs than GPUs run when Snakemake's --resources gpu= is above "
+                "%d, or when another run shares these GPUs: pass --resources gpu=%d",
+                ids,
+                _holders(lock_dir, ids),
+                wait_s,
+                len(ids),
+                len(ids),
+            )
+            waiting = True
         time.sleep(5)
+
+
+def _holders(lock_dir: Path, ids: list[str]) -> str:
+    """Who holds each GPU, from the pid its lock file records."""
+    pids = []
+    for gpu in ids:
+        try:
+            pid = (lock_dir / f"gpu-{gpu}.lock").read_text().strip() or "?"
+        except OSError:
+            pid = "?"
+        pids.append(f"GPU {gpu}: pid {pid}")
+    return ", ".join(pids)

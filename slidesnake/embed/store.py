@@ -82,7 +82,7 @@ def load_embeddings(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str,
     try:
         group = zarr.open_group(str(path), mode="r")
         attributes = dict(group.attrs)
-        if "slide_id" not in attributes:
+        if not attributes:
             raise EmbeddingsError(f"{path} is not a finished embeddings store (no attributes)")
         return group["features"][:], group["coords"][:], attributes
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as err:

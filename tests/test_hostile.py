@@ -570,3 +570,24 @@ def test_export_h5_errors_are_one_line(tmp_path, source, target, message):
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and message in errors[0], result.stderr
+
+
+# --- a changed slide is noticed, whatever its modification time ----------------------
+
+
+@pytest.mark.workflow
+def test_a_slide_replaced_with_an_older_mtime_is_redone(workflow, small_slide, tmp_path):
+    slide = tmp_path / "case.svs"
+    shutil.copy(small_slide, slide)
+    workflow.sheet([("case", slide)])
+    workflow.run()
+    before = load_embeddings(workflow.result("case", "embeddings.zarr"))[1]
+    other = write_slide(tmp_path / "other.svs", 2048, 2048, [Rect(0, 0, 896, 896)], mpp=0.5)
+    shutil.copy(other, slide)
+    os.utime(slide, (1e9, 1e9))  # 2001: older than every output, as cp -p or a restore leaves it
+    rerun = workflow.run()
+    assert jobs_run(rerun, "make_tissue_mask") == ["case"]
+    assert jobs_run(rerun, "embed_tiles") == ["case"]
+    after = load_embeddings(workflow.result("case", "embeddings.zarr"))[1]
+    assert len(after) != len(before)
+    assert "Nothing to be done" in workflow.run().stderr

@@ -1,3 +1,4 @@
+import os
 import re
 import time
 from pathlib import Path
@@ -59,6 +60,18 @@ def slide_input(wildcards):
     """The slide as an input when it exists; a missing one fails its own job, not the DAG."""
     path = slide_file(wildcards)
     return path if Path(path).exists() else []
+
+
+def slide_identity(wildcards):
+    """Size and modification time of the slide file, for the mask rule's params: a file
+    replaced by another re-runs the slide even when its mtime is older than the outputs
+    (cp -p, a restore from backup), which Snakemake's mtime trigger misses. A stat, not a
+    hash: it costs nothing per slide however large the cohort."""
+    try:
+        status = os.stat(slide_file(wildcards))
+    except OSError:
+        return "missing"
+    return f"{status.st_size} bytes, mtime {status.st_mtime_ns} ns"
 
 
 def sheet_mpp(wildcards):

@@ -17,6 +17,7 @@ rule make_tissue_mask:
         mem_mb=2000,
     params:
         slide=slide_file,
+        identity=slide_identity,
         tissue=tissue_params(config),
         mpp=sheet_mpp,
     script:

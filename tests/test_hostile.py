@@ -591,3 +591,14 @@ def test_a_slide_replaced_with_an_older_mtime_is_redone(workflow, small_slide, t
     after = load_embeddings(workflow.result("case", "embeddings.zarr"))[1]
     assert len(after) != len(before)
     assert "Nothing to be done" in workflow.run().stderr
+
+
+@pytest.mark.workflow
+def test_a_failed_slides_line_reaches_the_terminal_once(workflow, small_slide, tmp_path):
+    broken = tmp_path / "broken.svs"
+    broken.write_text("not a slide\n")
+    workflow.sheet([("broken", broken), ("fine", small_slide)])
+    result = workflow.run(check=False)
+    lines = [line for line in result.stderr.splitlines() if f"slide 'broken' ({broken})" in line]
+    assert len(lines) == 1, result.stderr
+    assert cohort_status(workflow) == {"broken": "failed", "fine": "done"}

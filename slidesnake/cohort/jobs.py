@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from slidesnake.errors import SlidesnakeError
+from slidesnake.errors import SlideError, SlidesnakeError
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -59,7 +59,7 @@ def run_job(
     try:
         stage()
     except SlidesnakeError as err:
-        log.error("%s%s", "" if str(err).startswith("slide '") else named, err)
+        log.error("%s%s", "" if isinstance(err, SlideError) else named, err)
         sys.exit(1)
     except Terminated:
         log.error("%sstopped by SIGTERM; nothing was written, the next run redoes it", named)

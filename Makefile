@@ -22,7 +22,8 @@ demo: install
 	@echo "Done. Per slide, under results/slides/<slide_id>/:"
 	@echo "  tissue_mask.png  qc_mask.png (tissue outline)  tiles.parquet  qc_tiles.png (kept tiles)"
 	@echo "  embeddings.zarr (features, coords)  metrics.json (tiles/s, loader wait, memory)"
-	@echo "Cohort table, QC pictures and metrics: results/report.html (open it in a browser)"
+	@echo "Cohort: results/cohort.tsv, results/cohort.html (links each slide's QC pictures),"
+	@echo "  results/cohort_gallery.jpg, and all of it in results/report.html (open it in a browser)"
 
 test: install
 	$(BIN)/pytest

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +67,7 @@ def test_bad_slides_fail_alone_and_a_fixed_sheet_reruns_only_them(workflow, blob
         assert reason.startswith(f"slide '{slide_id}' ({path}): ") and ". Fix: " in reason
         assert reason in first.stderr  # the job's one line, on the terminal too
     assert "cohort: 2 done" in first.stderr
+    assert_report_lists(workflow, [row[0] for row in bad])
     done_before = workflow.result("good", "embeddings.zarr").stat().st_mtime_ns
 
     workflow.sheet([*good, ("no-mpp", no_mpp, 0.5)])
@@ -73,6 +76,19 @@ def test_bad_slides_fail_alone_and_a_fixed_sheet_reruns_only_them(workflow, blob
         assert jobs_run(second, rule) == ["no-mpp"]
     assert set(summary(workflow)["status"]) == {"done"}
     assert workflow.result("good", "embeddings.zarr").stat().st_mtime_ns == done_before
+
+
+def assert_report_lists(workflow, failed: list[str]) -> None:
+    """`snakemake --report` works after a run in which slides failed, and its cohort table
+    names each failed slide as failed."""
+    workflow.run("--report", "report.html")
+    report = (workflow.dir / "report.html").read_text()
+    embedded = re.search(r"filename=cohort\.html;base64,([A-Za-z0-9+/=]+)", report)
+    cohort = base64.b64decode(embedded.group(1)).decode()
+    for slide_id in failed:
+        assert f"<td>{slide_id}</td>\n      <td>failed</td>" in cohort
+    assert "filename=cohort_gallery.jpg" in report
+    assert "filename=qc_tiles.png" not in report  # per-slide pictures stay on disk
 
 
 def dense_slide(tmp_path: Path) -> Path:

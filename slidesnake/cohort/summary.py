@@ -1,4 +1,4 @@
-"""results/cohort.tsv: every slide of the sheet, done, failed (and why) or pending.
+"""The cohort summary: every slide of the sheet, done, failed (and why) or pending.
 
 Snakemake skips the jobs downstream of a failed one, so a summary rule would never run on
 a cohort with one bad slide. The summary is written by the workflow's onsuccess and
@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
 from slidesnake.atomic import atomic_output
+from slidesnake.cohort.gallery import write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
 
 COLUMNS = ["slide_id", "status", "reason", "tiles", "wall_s", "tiles_per_s", "loader_wait_fraction"]
@@ -64,33 +67,45 @@ def write_cohort_summary(
     slide_ids: Iterable[str],
     results: str | Path,
     logs: str | Path,
-    path: str | Path,
     since: float | None = None,
 ) -> pd.DataFrame:
-    """Write the summary of the run started at `since` as a TSV and return it."""
-    table = cohort_table(slide_ids, results, logs, since)
-    with atomic_output(path) as tmp:
+    """Write the summary of the run started at `since` into `results`: cohort.tsv, the
+    same table as cohort.html with links to each slide's pictures, and the gallery."""
+    results = Path(results)
+    table = cohort_table(slide_ids, results / "slides", logs, since)
+    with atomic_output(results / "cohort.tsv") as tmp:
         table.to_csv(tmp, sep="\t", index=False)
+    with atomic_output(results / "cohort.html") as tmp:
+        tmp.write_text(cohort_html(table, results))
+    write_gallery(table, results / "slides", results / "cohort_gallery.jpg")
     return table
 
 
-def write_cohort_html(
-    slide_ids: Iterable[str], results: str | Path, logs: str | Path, path: str | Path
-) -> None:
-    """The summary as a self-contained HTML table, for the Snakemake report."""
-    table = cohort_table(slide_ids, results, logs)
+def cohort_html(table: pd.DataFrame, results: Path) -> str:
+    """The table as a page that links each slide's QC pictures where they exist."""
     done = table[table["status"] == "done"]
     totals = (
         f"{len(done)} of {len(table)} slides done, {int(done['tiles'].sum())} tiles in "
         f"{done['wall_s'].sum():.1f} s of embedding"
     )
+    shown = table.map(lambda v: escape(str(v)) if isinstance(v, str) else v)
+    shown["pictures"] = [picture_links(results, slide_id) for slide_id in table["slide_id"]]
     headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
     headers["loader_wait_fraction"] = "loader wait"
-    html = table.rename(columns=headers).to_html(
-        index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0
+    rows = shown.rename(columns=headers).to_html(
+        index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0, escape=False
     )
-    with atomic_output(path) as tmp:
-        tmp.write_text(_PAGE.format(totals=totals, table=html))
+    return _PAGE.format(totals=totals, table=rows)
+
+
+def picture_links(results: Path, slide_id: str) -> str:
+    """Links, relative to results/, to the slide's QC pictures that are on disk."""
+    names = ("qc_mask.png", "qc_tiles.png")
+    return " ".join(
+        f'<a href="slides/{quote(slide_id)}/{name}">{name[3:-4]}</a>'
+        for name in names
+        if (results / "slides" / slide_id / name).is_file()
+    )
 
 
 _PAGE = """<!DOCTYPE html>
@@ -99,7 +114,7 @@ _PAGE = """<!DOCTYPE html>
 body {{ font-family: sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; }}
 th, td {{ padding: 0.3em 0.8em; text-align: right; border-bottom: 1px solid #ddd; }}
-th:first-child, td:first-child {{ text-align: left; }}
+th:first-child, td:first-child, td:nth-child(3) {{ text-align: left; }}
 </style></head>
 <body><h1>Cohort</h1><p>{totals}</p>
 {table}

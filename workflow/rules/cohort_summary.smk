@@ -1,17 +1,38 @@
-rule summarize_cohort:
-    input:
-        metrics=expand("results/slides/{slide_id}/metrics.json", slide_id=samples.index),
-    output:
-        report(
-            "results/cohort.html",
-            caption="../report/cohort.rst",
-            category="Cohort",
-        ),
-    log:
-        "logs/summarize_cohort.log",
-    conda:
-        "../../envs/slidesnake.yaml"
-    params:
-        slide_ids=list(samples.index),
-    script:
-        "../../scripts/summarize_cohort.py"
+# The cohort summary is no rule: Snakemake skips every job downstream of a failed one, and
+# the summary must say which slides failed. The onsuccess and onerror handlers write it.
+
+RUN_STARTED = time.time()
+COHORT_FILES = {
+    "results/cohort.html": "report/cohort.rst",
+    "results/cohort_gallery.jpg": "report/gallery.rst",
+}
+
+
+def summarize_cohort():
+    """results/cohort.tsv, cohort.html and cohort_gallery.jpg after every run, whether
+    slides failed or not: what happened in this run, from the logs of its jobs, and what
+    is on disk for the others."""
+    table = write_cohort_summary(samples.index, "results", "logs/slides", RUN_STARTED)
+    counts = table["status"].value_counts()
+    logger.info(
+        "cohort: "
+        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "pending"))
+        + " (results/cohort.tsv)"
+    )
+
+
+def cohort_report():
+    """The summary of the last run, for `snakemake --report`: inputs of rule all that no
+    rule makes, listed once they exist. The report then carries the cohort table and one
+    contact sheet whatever failed, and stays small however many slides there are."""
+    return [
+        cohort_file(path, caption)
+        for path, caption in COHORT_FILES.items()
+        if Path(path).is_file()
+    ]
+
+
+def cohort_file(path, caption):
+    # A call of its own: Snakemake's parser takes a line that starts with `report` for
+    # its `report:` keyword.
+    return report(path, caption=caption, category="Cohort")

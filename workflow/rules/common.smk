@@ -78,24 +78,3 @@ def sheet_mpp(wildcards):
     """The sample sheet's mpp for this slide, or None to read it from the slide."""
     mpp = samples.loc[wildcards.slide_id, "mpp"]
     return None if pd.isna(mpp) else float(mpp)
-
-
-RUN_STARTED = time.time()
-
-
-def summarize_cohort():
-    """results/cohort.tsv, after every run, whether slides failed or not: what happened
-    in this run, from the logs of its jobs, and what is on disk for the others."""
-    table = write_cohort_summary(
-        samples.index,
-        "results/slides",
-        "logs/slides",
-        "results/cohort.tsv",
-        RUN_STARTED,
-    )
-    counts = table["status"].value_counts()
-    logger.info(
-        "cohort: "
-        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "pending"))
-        + " (results/cohort.tsv)"
-    )

@@ -4,12 +4,7 @@ rule embed_tiles:
         tiles="results/slides/{slide_id}/tiles.parquet",
     output:
         zarr=directory("results/slides/{slide_id}/embeddings.zarr"),
-        metrics=report(
-            "results/slides/{slide_id}/metrics.json",
-            caption="../report/metrics.rst",
-            category="Embedding metrics",
-            labels={"slide": "{slide_id}"},
-        ),
+        metrics="results/slides/{slide_id}/metrics.json",
     log:
         "logs/slides/{slide_id}/embed_tiles.log",
     conda:

@@ -5,12 +5,7 @@ rule make_tile_coords:
         qc="results/slides/{slide_id}/qc_mask.png",
     output:
         tiles="results/slides/{slide_id}/tiles.parquet",
-        qc=report(
-            "results/slides/{slide_id}/qc_tiles.png",
-            caption="../report/qc_tiles.rst",
-            category="Tiles",
-            labels={"slide": "{slide_id}"},
-        ),
+        qc="results/slides/{slide_id}/qc_tiles.png",
     log:
         "logs/slides/{slide_id}/make_tile_coords.log",
     conda:

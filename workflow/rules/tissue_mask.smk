@@ -3,12 +3,7 @@ rule make_tissue_mask:
         slide=slide_input,
     output:
         mask="results/slides/{slide_id}/tissue_mask.png",
-        qc=report(
-            "results/slides/{slide_id}/qc_mask.png",
-            caption="../report/qc_mask.rst",
-            category="Tissue masks",
-            labels={"slide": "{slide_id}"},
-        ),
+        qc="results/slides/{slide_id}/qc_mask.png",
     log:
         "logs/slides/{slide_id}/make_tissue_mask.log",
     conda:

@@ -6,7 +6,8 @@ from slidesnake.embed.settings import EmbedSettings
 
 
 def embed() -> None:
-    claim_gpu(snakemake.config["gpu"]["ids"])
+    gpu = snakemake.config["gpu"]
+    claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
     # Imported after the claim: CUDA must start seeing only the claimed GPU.
     from slidesnake.embed.loop import embed_slide
 

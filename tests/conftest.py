@@ -3,6 +3,7 @@ helper that runs the real workflow in a scratch directory."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,12 @@ TEST_MODEL = {
     "model": {"name": "timm:test_vit", "weights": "random", "precision": "fp32", "batch_size": 32},
     "loader": {"workers": 1},
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def weights_digest_cache(tmp_path_factory) -> None:
+    """The weights digests of the tests' checkpoints stay out of the user's cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
 @pytest.fixture(scope="session")

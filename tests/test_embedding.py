@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles, write_tiles
 from slidesnake.tiling.tissue import TissueParams
 
+# embed_slide runs on CUDA where there is one: the reference follows its resize path.
+ON_CPU = not torch.cuda.is_available()
 MEAN = (0.6, 0.5, 0.7)
 STD = (0.2, 0.25, 0.15)
 
@@ -91,8 +94,9 @@ def embed(slide, tiles, out, embed_settings):
     return (*load_embeddings(out / "embeddings.zarr"), metrics)
 
 
-def reference(slide_path, tiles_path, rows, channels=(0, 1, 2)) -> torch.Tensor:
-    """The model on tiles read one by one, resized and normalised as written here."""
+def reference(slide_path, tiles_path, rows, channels=(0, 1, 2), cpu=ON_CPU) -> torch.Tensor:
+    """The model on tiles read one by one, resized and normalised as written here: on a
+    CPU the resize runs on uint8 pixels, on a GPU on floats."""
     tiles, geometry = read_tiles(tiles_path)
     plan = ReadPlan.from_geometry(geometry)
     mean = torch.tensor(MEAN).view(1, 3, 1, 1)
@@ -102,18 +106,19 @@ def reference(slide_path, tiles_path, rows, channels=(0, 1, 2)) -> torch.Tensor:
         for x, y in tiles[["x", "y"]].to_numpy()[rows]:
             region = osr.read_region((int(x), int(y)), plan.level, (plan.tile_px, plan.tile_px))
             rgb = np.asarray(region.convert("RGB"))[..., list(channels)]
-            pixels = torch.from_numpy(rgb.copy()).permute(2, 0, 1)[None].float()
+            pixels = torch.from_numpy(rgb.copy()).permute(2, 0, 1)[None]
             size = (geometry.size, geometry.size)
-            pixels = F.interpolate(pixels, size, mode="bilinear", antialias=True)
+            pixels = pixels if cpu else pixels.float()
+            pixels = F.interpolate(pixels, size, mode="bilinear", antialias=True).float()
             out.append(ChannelGrid()((pixels / 255 - mean) / std))
     return torch.cat(out)
 
 
-def check_against_reference(slide, tiles_path, features, coords, count=12):
+def check_against_reference(slide, tiles_path, features, coords, count=12, cpu=ON_CPU):
     tiles, geometry = read_tiles(tiles_path)
     np.testing.assert_array_equal(coords, tiles[["x", "y"]].to_numpy())
     rows = np.random.default_rng(0).choice(len(tiles), size=min(count, len(tiles)), replace=False)
-    expected = reference(slide, tiles_path, rows)
+    expected = reference(slide, tiles_path, rows, cpu=cpu)
     # At a level whose downsample is not a whole number (2.0005 in the TCGA slide), a tile
     # starts between two pixels. read_region then resamples the tile at that sub-pixel
     # offset, while a supertile is cut at the nearest whole pixel: up to half a pixel of
@@ -122,7 +127,7 @@ def check_against_reference(slide, tiles_path, features, coords, count=12):
     torch.testing.assert_close(torch.from_numpy(features[rows]), expected, atol=atol, rtol=1e-5)
     # The check can fail: tiles differ from each other, and so do R and B.
     assert expected.std(dim=0).mean() > 0.05
-    swapped = reference(slide, tiles_path, rows, channels=(2, 1, 0))
+    swapped = reference(slide, tiles_path, rows, channels=(2, 1, 0), cpu=cpu)
     assert (torch.from_numpy(features[rows]) - swapped).abs().max() > 0.05
 
 
@@ -236,18 +241,22 @@ def test_a_slide_without_tiles_gives_a_valid_empty_store(
     assert attrs["slide_id"] == "s" and metrics["tiles"] == 0
 
 
-def test_a_bad_checkpoint_fails_before_any_tile_is_read(tmp_path, blob_tiles):
+def test_a_bad_checkpoint_fails_the_job_with_its_own_error_and_stops_the_loader(
+    tmp_path, blob_slide, blob_tiles
+):
+    """The loader workers start while the model loads; a model that cannot load still
+    fails the job with the checkpoint's error, stops the workers and writes nothing."""
     broken = tmp_path / "model.safetensors"
     broken.write_bytes(b"\x00" * 100)
-    missing_slide = tmp_path / "gone.svs"  # reading a tile would fail with a slide error
     with pytest.raises(ModelError, match="corrupt or truncated"):
         embed(
-            missing_slide,
+            blob_slide,
             blob_tiles,
             tmp_path,
-            EmbedSettings(model="timm:test_vit", checkpoint=str(broken)),
+            EmbedSettings(model="timm:test_vit", checkpoint=str(broken), workers=2),
         )
     assert not (tmp_path / "embeddings.zarr").exists()
+    assert multiprocessing.active_children() == []
 
 
 def test_the_writer_assembles_rows_that_arrive_out_of_order(tmp_path):

@@ -10,7 +10,7 @@ import timm
 import torch
 
 from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models.checkpoints import sha256
+from slidesnake.models.checkpoints import WeightsDigest, sha256
 from slidesnake.models.embedder import build_embedder, build_network
 from slidesnake.models.registry import (
     BIOPTIMUS_MEAN,
@@ -142,7 +142,8 @@ def test_every_weight_format_gives_the_models_own_output(tmp_path, filename):
     tiles = tiles_batch()
     torch.testing.assert_close(embedder(tiles), reference(network, tiles), atol=1e-5, rtol=1e-5)
     assert embedder.dim == 64
-    assert embedder.weights_sha256 == sha256(path)
+    assert embedder.weights_digest().value() == sha256(path)
+    assert not any(t.is_meta for t in embedder.network.state_dict().values())
 
 
 def test_a_program_runs_in_the_dtype_it_was_exported_in(tmp_path):
@@ -214,3 +215,33 @@ def test_fp16_on_a_cpu_runs_in_fp32_and_says_so(caplog):
     assert embedder.dtype == torch.float32
     assert "fp16 is not supported on the CPU" in caplog.text
     assert "RANDOM WEIGHTS" in caplog.text
+
+
+def test_the_weights_digest_is_computed_once_per_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(b"w" * 5000)
+    assert WeightsDigest(path).value() == sha256(path)
+    (cached,) = (tmp_path / "cache" / "slidesnake" / "weights-sha256").iterdir()
+    cached.write_text("from the cache\n")
+    assert WeightsDigest(path).value() == "from the cache"  # no second read of the file
+    path.write_bytes(b"v" * 5000)  # the same size, a new modification time
+    assert WeightsDigest(path).value() == sha256(path)
+
+
+def test_cpu_resize_in_uint8_gives_the_float_paths_pixels_within_rounding():
+    """The CPU resizes in uint8 before normalising; a GPU resizes in float. Both see the
+    same tiles to within one grey level."""
+    embedder = build_embedder(model_spec("timm:test_vit"), "random", None, 224, CPU, "fp32")
+    tiles = torch.randint(0, 256, (4, 448, 448, 3), dtype=torch.uint8)
+    uint8_path = embedder.preprocess(tiles)
+    floats = tiles.permute(0, 3, 1, 2).float()
+    resized = torch.nn.functional.interpolate(
+        floats, size=(224, 224), mode="bilinear", antialias=True, align_corners=False
+    )
+    mean = torch.tensor(embedder.spec.mean).view(1, 3, 1, 1)
+    std = torch.tensor(embedder.spec.std).view(1, 3, 1, 1)
+    float_path = (resized / 255.0 - mean) / std
+    grey_levels = ((uint8_path - float_path) * std * 255).abs()
+    assert grey_levels.max() <= 1.0 + 1e-3
+    assert grey_levels.mean() < 0.5  # rounding, not a shifted or flipped image

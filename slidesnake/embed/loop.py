@@ -26,8 +26,9 @@ import torch
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
 from slidesnake.embed.settings import EmbedSettings
+from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
-from slidesnake.loader.batches import TileBatches
+from slidesnake.loader.batches import BatchStream, TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder
 from slidesnake.models.registry import model_spec
 from slidesnake.tiling.tile_table import read_tiles
@@ -44,23 +45,60 @@ def embed_slide(
     settings: EmbedSettings,
     device: torch.device | None = None,
 ) -> dict[str, Any]:
-    """Embed every tile of `tiles_path`; write the zarr store and metrics.json."""
+    """Embed every tile of `tiles_path`; write the zarr store and metrics.json.
+
+    The loader workers fork first and decode while the model loads, so a job's fixed
+    cost is the longer of the two, not their sum."""
+    clock = {"process": process_started(), "entered": time.perf_counter()}
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)
-    embedder = build_embedder(
-        spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
-    )
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     dataset = TileBatches(
         slide_path, slide_id, coords, geometry, settings.batch_size, settings.block
     )
+    clock["loader"] = time.perf_counter()
+    with dataset.stream(settings.workers, settings.prefetch) as batches:  # forks: before threads
+        embedder = build_embedder(
+            spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
+        )
+        digest = embedder.weights_digest()  # a thread: after the fork
+        clock["model_ready"] = time.perf_counter()
+        _log_start(slide_id, len(coords), embedder, settings, device)
+        with atomic_output(zarr_path) as tmp:
+            writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
+            timings = _run(embedder, batches, dataset.batch_shape, writer, settings, device)
+            timings |= _startup(clock, timings, embedder)
+            attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
+            attributes["weights_sha256"] = digest.value() if digest else None
+            writer.finish(attributes)
+    metrics = _metrics(len(coords), timings, embedder, settings, device)
+    metrics["job_s"] = round(time.perf_counter() - clock["process"], 3)
+    with atomic_output(metrics_path) as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
+    log.info(
+        "slide '%s': %d tiles in %.1f s, %.1f tiles/s, loader wait %.0f%%; start-up %.1f s "
+        "(imports %.1f, model %.1f), whole job %.1f s",
+        slide_id,
+        len(coords),
+        metrics["wall_s"],
+        metrics["tiles_per_s"],
+        100 * metrics["loader_wait_fraction"],
+        timings["startup_s"],
+        timings["imports_s"],
+        sum(embedder.load_s.values()),
+        metrics["job_s"],
+    )
+    return metrics
+
+
+def _log_start(slide_id: str, tiles: int, embedder: Embedder, settings, device) -> None:
     log.info(
         "slide '%s': %d tiles, model %s (%d-d, %s) on %s (CUDA_VISIBLE_DEVICES=%s), "
         "%d loader workers, batch %d",
         slide_id,
-        len(coords),
-        spec.name,
+        tiles,
+        embedder.spec.name,
         embedder.dim,
         str(embedder.dtype).removeprefix("torch."),
         device,
@@ -68,45 +106,42 @@ def embed_slide(
         settings.workers,
         settings.batch_size,
     )
-    with atomic_output(zarr_path) as tmp:
-        writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
-        timings = _run(embedder, dataset, writer, settings, device)
-        attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
-        writer.finish(attributes)
-    metrics = _metrics(len(coords), timings, embedder, settings, device)
-    with atomic_output(metrics_path) as tmp:
-        tmp.write_text(json.dumps(metrics, indent=2) + "\n")
-    log.info(
-        "slide '%s': %d tiles in %.1f s, %.1f tiles/s, loader wait %.0f%%",
-        slide_id,
-        len(coords),
-        metrics["wall_s"],
-        metrics["tiles_per_s"],
-        100 * metrics["loader_wait_fraction"],
-    )
-    return metrics
+
+
+def _startup(clock: dict[str, float], timings: dict[str, float], embedder: Embedder) -> dict:
+    """The fixed cost, process start to the first batch handed to the model, and its
+    parts: imports (and the interpreter), the model (build, weights, to device, while
+    the loader workers start) and the wait for the first batch after the model."""
+    first_batch = timings.pop("first_batch_at")
+    return {
+        "startup_s": first_batch - clock["process"],
+        "imports_s": clock["entered"] - clock["process"],
+        "loader_start_s": clock["loader"] - clock["entered"],
+        **embedder.load_s,
+        "first_batch_after_model_s": first_batch - clock["model_ready"],
+    }
 
 
 def _run(
     embedder: Embedder,
-    dataset: TileBatches,
+    batches: BatchStream,
+    batch_shape: tuple[int, ...],
     writer: EmbeddingWriter,
     settings: EmbedSettings,
     device: torch.device,
 ) -> dict[str, float]:
-    """The hot loop. Returns its wall time, the time it waited for data, the part of
-    that spent before the first batch (worker start-up and the first reads), and how many
-    compressed slide tiles the workers decoded."""
+    """The hot loop, from the model ready to the last feature handed to the writer.
+    Returns its wall time, the time it waited for data, when the first batch reached the
+    model, and how many compressed slide tiles the workers decoded."""
     started = time.perf_counter()
-    batches = dataset.stream(settings.workers, settings.prefetch)  # forks: before any thread
-    staging = _PinnedStaging(device, dataset.batch_shape) if device.type == "cuda" else None
-    progress = Progress(len(dataset.coords), settings.progress_s, settings.watchdog_s)
+    staging = _PinnedStaging(device, batch_shape) if device.type == "cuda" else None
+    progress = Progress(writer.rows, settings.progress_s, settings.watchdog_s)
     results: queue.Queue = queue.Queue(maxsize=8)
     drain = _Drain(results, writer)
     drain.start()
-    waited = first_batch_s = 0.0
+    waited, first_batch_at = 0.0, None
     in_flight = None  # the previous batch, whose copy to the host may still be running
-    with batches, progress:
+    with progress:
         while True:
             progress.state("waiting for the loader")
             t0 = time.perf_counter()
@@ -114,7 +149,7 @@ def _run(
             waited += time.perf_counter() - t0
             if item is None:
                 break
-            first_batch_s = first_batch_s or time.perf_counter() - started
+            first_batch_at = first_batch_at or time.perf_counter()
             rows, tiles = item
             progress.state("running the model")
             if staging is not None:
@@ -130,14 +165,24 @@ def _run(
         drain.join()
     if drain.error is not None:
         raise drain.error
+    ended = time.perf_counter()
     return {
-        "wall_s": time.perf_counter() - started,
+        "wall_s": ended - started,
         "loader_wait_s": waited,
-        "first_batch_s": first_batch_s,
+        "first_batch_at": first_batch_at or ended,
         "compressed_tiles_decoded": batches.decoded,
     }
 
 
+STARTUP_KEYS = (
+    "startup_s",
+    "imports_s",
+    "loader_start_s",
+    "model_build_s",
+    "weights_load_s",
+    "to_device_s",
+    "first_batch_after_model_s",
+)
 _HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
@@ -213,7 +258,6 @@ def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, ti
         "model_output": embedder.spec.output,
         "embedding_dim": embedder.dim,
         "weights": settings.weights,
-        "weights_sha256": embedder.weights_sha256,
         "precision": str(embedder.dtype).removeprefix("torch."),
         "features_dtype": settings.output_dtype,
         "slidesnake_version": version("slidesnake"),
@@ -232,7 +276,7 @@ def _metrics(tiles: int, timings, embedder: Embedder, settings, device) -> dict[
         "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
         "loader_wait_s": round(timings["loader_wait_s"], 3),
         "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
-        "first_batch_s": round(timings["first_batch_s"], 3),
+        **{key: round(timings[key], 3) for key in STARTUP_KEYS if key in timings},
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",

@@ -14,6 +14,7 @@ import logging
 import os
 import pickle
 import socket
+import threading
 import zipfile
 from pathlib import Path
 
@@ -25,6 +26,48 @@ from slidesnake.models.pt2_archive import check_archive
 log = logging.getLogger(__name__)
 
 STATE_DICT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
+
+
+class WeightsDigest(threading.Thread):
+    """The sha256 of a weights file, for the store's attributes, without a full read of
+    the file per slide on the critical path: a digest is cached per file (path, size,
+    modification time) under $XDG_CACHE_HOME/slidesnake, and a file not yet cached is
+    hashed in this thread while tiles stream. `value()` waits for it."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(name="weights-sha256", daemon=True)
+        self.path = Path(path)
+        self.digest: str | None = None
+        self.start()
+
+    def run(self) -> None:
+        status = self.path.stat()
+        key = f"{self.path.resolve()}\0{status.st_size}\0{status.st_mtime_ns}"
+        cached = digest_cache() / hashlib.sha256(key.encode()).hexdigest()
+        try:
+            self.digest = cached.read_text().strip()
+            return
+        except OSError:
+            pass
+        self.digest = sha256(self.path)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            temporary = cached.with_name(f".{cached.name}.{os.getpid()}")
+            temporary.write_text(self.digest + "\n")
+            os.replace(temporary, cached)
+        except OSError as err:  # a read-only home costs a re-hash per slide, nothing else
+            log.info("cannot cache the weights digest in %s (%s)", cached.parent, err)
+
+    def value(self) -> str:
+        self.join()
+        if self.digest is None:
+            raise ModelError(f"checkpoint {self.path} could not be read to hash it")
+        return self.digest
+
+
+def digest_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "slidesnake" / "weights-sha256"
 
 
 def sha256(path: str | Path) -> str:
@@ -64,8 +107,11 @@ def load_program(path: str | Path, device: torch.device) -> torch.nn.Module:
         ) from None
 
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors or PyTorch state-dict file, unwrapped from common wrappers."""
+def load_state_dict(
+    path: str | Path, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors or PyTorch state-dict file, unwrapped from common wrappers,
+    read straight onto `device` in the dtype they were saved in."""
     path = Path(path)
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise ModelError(
@@ -76,9 +122,9 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            state = load_file(str(path))
+            state = load_file(str(path), device=str(device))
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
         raise ModelError(
             f"checkpoint {path} is refused: it is a pickle of more than tensors, which could "

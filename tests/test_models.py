@@ -245,3 +245,19 @@ def test_cpu_resize_in_uint8_gives_the_float_paths_pixels_within_rounding():
     grey_levels = ((uint8_path - float_path) * std * 255).abs()
     assert grey_levels.max() <= 1.0 + 1e-3
     assert grey_levels.mean() < 0.5  # rounding, not a shifted or flipped image
+
+
+class TopLeftPixel(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :, 0, 0]  # a view of the input
+
+
+def test_features_survive_the_next_batch_when_a_program_returns_a_view(tmp_path):
+    torch.jit.save(torch.jit.script(TopLeftPixel()), str(tmp_path / "view.pt"))
+    embedder = build_embedder(
+        model_spec("custom"), "checkpoint", str(tmp_path / "view.pt"), 224, CPU, "fp32"
+    )
+    first = embedder(torch.zeros(2, 448, 448, 3, dtype=torch.uint8))
+    expected = first.clone()
+    embedder(torch.full((2, 448, 448, 3), 255, dtype=torch.uint8))
+    torch.testing.assert_close(first, expected)

@@ -52,26 +52,50 @@ class Embedder:
 
     @torch.inference_mode()
     def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
-        return self.network(self.preprocess(tiles))
+        features = self.network(self.preprocess(tiles))
+        if self._pixels is not None and _shares_memory(features, self._pixels):
+            features = features.clone()  # a program that returns a view of its input
+        return features
 
     def preprocess(self, tiles: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, 3) -> normalised (B, 3, S, S) in the model's dtype."""
         x = tiles.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # channels-last
         resize = x.shape[-1] != self.input_size or x.shape[-2] != self.input_size
-        if resize and self.device.type == "cpu":
-            x = _resize(x, self.input_size)  # uint8 in and out: rounds once
-        x = x.float()
-        if resize and self.device.type != "cpu":
-            x = _resize(x, self.input_size)
-        return ((x / 255.0 - self._mean) / self._std).to(self.dtype)
+        if self.device.type == "cpu":
+            if resize:
+                x = _resize(x, self.input_size)  # uint8 in and out: rounds once
+            x = self._cpu_pixels(x)
+        else:
+            x = x.float()
+            if resize:
+                x = _resize(x, self.input_size)
+        return x.mul_(self._scale).sub_(self._shift).to(self.dtype)
+
+    def _cpu_pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` as float32 in a buffer reused batch after batch: on a CPU, fresh pages for
+        each batch's floats cost more than the arithmetic on them."""
+        if (
+            self._pixels is None
+            or self._pixels.shape[1:] != x.shape[1:]
+            or len(x) > len(self._pixels)
+        ):
+            self._pixels = torch.empty(x.shape, memory_format=torch.channels_last)
+        return self._pixels[: len(x)].copy_(x)
 
     def __post_init__(self) -> None:
-        self._mean = torch.tensor(self.spec.mean, device=self.device).view(1, 3, 1, 1)
-        self._std = torch.tensor(self.spec.std, device=self.device).view(1, 3, 1, 1)
+        # (x / 255 - mean) / std as one multiply and one subtract, in place
+        std = torch.tensor(self.spec.std, device=self.device).view(1, 3, 1, 1)
+        self._scale = 1.0 / (255.0 * std)
+        self._shift = torch.tensor(self.spec.mean, device=self.device).view(1, 3, 1, 1) / std
+        self._pixels: torch.Tensor | None = None
 
     def weights_digest(self) -> WeightsDigest | None:
         """The weights file's sha256, computed once per file and off the critical path."""
         return WeightsDigest(self.weights_path) if self.weights_path is not None else None
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _resize(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,0 +1,91 @@
+"""The whole embedding job with a model that costs nothing, against the per-tile baseline.
+
+With the model out of the way, what is left is what a job adds around it: start-up, the
+loader, preprocessing in the main process and writing. `slidesnake embed` runs in a fresh
+process, as Snakemake runs it, with an average-pooling `.pt2` program (3 numbers per
+tile) on the 40x bench slide, with 1 and 2 loader workers, on the CPU. The baseline is
+one `read_region` + PIL resize per tile (CLAM's and TRIDENT's pattern), measured in this
+process in the same run. Rounds alternate baseline and jobs.
+
+    python benchmarks/whole_job.py [--tiles 2000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import median
+
+import torch
+
+from slidesnake.bench import limit_tiles, per_tile_baseline, synthetic_slide, tile_slide
+from slidesnake.slides.synthetic import BENCH_SLIDES
+
+
+class AveragePool(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
+def near_free_model(directory: Path) -> Path:
+    path = directory / "average-pool.pt2"
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    example = (torch.zeros(2, 3, 224, 224),)
+    program = torch.export.export(AveragePool(), example, dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path))
+    return path
+
+
+def job(slide, model: Path, workers: int, out: Path) -> dict:
+    command = [
+        sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles), str(out),
+        "--model", "custom", "--checkpoint", str(model), "--precision", "fp32",
+        "--workers", str(workers),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    return json.loads((out / "metrics.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiles", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--cache", type=Path, default=Path(tempfile.gettempdir()) / "slidesnake-bench"
+    )
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    model = near_free_model(args.cache)
+    slide = synthetic_slide(args.cache, *BENCH_SLIDES["40x"], dense=True)
+    tiled = limit_tiles(tile_slide(slide, args.cache), args.tiles)
+    rounds = []
+    for _ in range(args.rounds):
+        row = {"baseline": per_tile_baseline(limit_tiles(tiled, 400))}
+        for workers in args.workers:
+            row[workers] = job(tiled, model, workers, args.cache / f"whole-job-{workers}")
+        rounds.append(row)
+    tiles = rounds[0][args.workers[0]]["tiles"]
+    baseline = median(r["baseline"] for r in rounds)
+    print(f"{slide.name}, {tiles} tiles, near-free model (average pooling .pt2), CPU, "
+          f"{args.rounds} rounds, medians")  # fmt: skip
+    print(f"  {'':<52} {'tiles/s':>8} {'x baseline':>11}")
+    print(f"  {'per-tile read_region + PIL resize (baseline)':<52} {baseline:8.1f} {1:10.2f}x")
+    for workers in args.workers:
+        loop = median(r[workers]["tiles_per_s"] for r in rounds)
+        whole = median(r[workers]["tiles"] / r[workers]["job_s"] for r in rounds)
+        wait = median(r[workers]["loader_wait_fraction"] for r in rounds)
+        startup = median(r[workers]["startup_s"] for r in rounds)
+        label = f"{workers} worker{'s' * (workers > 1)}"
+        print(f"  {f'embedding loop, {label} (loader wait {100 * wait:.0f}%)':<52} "
+              f"{loop:8.1f} {loop / baseline:10.2f}x")  # fmt: skip
+        print(f"  {f'whole job, {label} (start-up {startup:.1f} s)':<52} "
+              f"{whole:8.1f} {whole / baseline:10.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

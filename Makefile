@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench gpu-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/mask_tiles_scaling.py
 	$(BIN)/slidesnake bench
+	$(BIN)/python benchmarks/whole_job.py
+	$(BIN)/python benchmarks/startup.py
+
+gpu-check: install
+	benchmarks/gpu_check.sh
 
 clean:
 	rm -rf results logs demo .snakemake

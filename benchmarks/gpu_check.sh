@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU check: run it whenever a CUDA GPU is at hand (`make gpu-check`), under 8 minutes.
+# The CUDA-only tests, then `slidesnake bench` with H-optimus-0 (random weights) in fp16
+# and bf16 with 4, 8 and 16 loader workers, and the start-up of an H-optimus-0 job from
+# an fp16 safetensors file; one table at the end. Results go to ${OUT:-gpu-check}/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+"$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU here")'
+nvidia-smi -L | tee "$OUT/gpus.txt"
+
+"$PYTHON" -m pytest -q -m cuda tests/test_cuda.py tests/test_embedding.py 2>&1 | tee "$OUT/tests.txt"
+for precision in fp16 bf16; do
+    "$PYTHON" -m slidesnake bench --model h-optimus-0 --weights random --precision "$precision" \
+        --workers 4 8 16 --repeats 1 --end-to-end-s 10 --no-memory \
+        --json "$OUT/bench-$precision.json" 2>&1 | tee "$OUT/bench-$precision.txt"
+done
+"$PYTHON" benchmarks/startup.py --rounds 2 2>&1 | tee "$OUT/startup.txt"
+"$PYTHON" benchmarks/gpu_table.py "$OUT"/bench-*.json | tee "$OUT/table.md"

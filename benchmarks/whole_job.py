@@ -7,7 +7,7 @@ tile) on the 40x bench slide, with 1 and 2 loader workers, on the CPU. The basel
 one `read_region` + PIL resize per tile (CLAM's and TRIDENT's pattern), measured in this
 process in the same run. Rounds alternate baseline and jobs.
 
-    python benchmarks/whole_job.py [--tiles 2000] [--rounds 2]
+    python benchmarks/whole_job.py [--slide-px 60000 40000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def job(slide, model: Path, workers: int, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiles", type=int, default=2000)
+    parser.add_argument("--tiles", type=int, default=None, help="only the first N tiles")
+    parser.add_argument(
+        "--slide-px", type=int, nargs=2, default=BENCH_SLIDES["40x"][:2], metavar=("W", "H"),
+        help="the synthetic 40x slide's size (default: the bench slide, 1,728 tiles)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument(
@@ -61,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     model = near_free_model(args.cache)
-    slide = synthetic_slide(args.cache, *BENCH_SLIDES["40x"], dense=True)
+    slide = synthetic_slide(args.cache, *args.slide_px, mpp=0.25, dense=True)
     tiled = limit_tiles(tile_slide(slide, args.cache), args.tiles)
     rounds = []
     for _ in range(args.rounds):

@@ -214,8 +214,14 @@ def test_store_records_where_its_rows_came_from(tmp_path, blob_slide, blob_tiles
     assert metrics["tiles"] == len(coords) == len(features)
     assert metrics["tiles_per_s"] == pytest.approx(len(coords) / metrics["wall_s"], rel=0.01)
     assert 0 <= metrics["loader_wait_fraction"] <= 1
-    assert metrics["peak_host_mb"] > 0 and metrics["device"] == "cpu"
+    assert metrics["peak_host_mb"] > 0 and metrics["device"] == ("cpu" if ON_CPU else "cuda")
     assert not list(tmp_path.glob("*.tmp*")), "no temporary output is left behind"
+    # The fixed cost, from the process's start: this test process began before the test.
+    parts = [metrics[k] for k in ("model_build_s", "weights_load_s", "to_device_s")]
+    assert metrics["startup_s"] > metrics["imports_s"] > 0 and min(parts) >= 0
+    assert metrics["startup_s"] >= metrics["imports_s"] + metrics["first_batch_after_model_s"]
+    assert metrics["job_s"] > metrics["startup_s"]
+    assert attrs["timings"]["startup_s"] == pytest.approx(metrics["startup_s"], abs=1e-3)
 
 
 def test_export_gives_the_h5_layout_trident_and_clam_read(

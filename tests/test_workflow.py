@@ -111,6 +111,14 @@ def test_bad_sample_sheet_stops_before_any_job(workflow, rect_slide):
     assert not (workflow.dir / "results").exists()
 
 
+def test_outputs_of_a_slide_not_in_the_sheet_are_refused_by_name(workflow, rect_slide):
+    workflow.sheet([("rect", rect_slide)])
+    result = workflow.run("results/slides/rekt/qc_tiles.png", check=False)
+    assert result.returncode != 0
+    assert "slide 'rekt' is not in the sample sheet config/samples.tsv" in result.stderr
+    assert not (workflow.dir / "results").exists()
+
+
 def test_editing_a_script_without_changing_results_recomputes_nothing(tmp_path, blob_slide):
     copy = tmp_path / "slidesnake"
     copy.mkdir()

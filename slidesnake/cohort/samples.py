@@ -24,6 +24,9 @@ from slidesnake.slides.mpp import PLAUSIBLE_MPP
 # starting with a letter, digit or '_' (not an option, not hidden), no '..', and short
 # enough for any file system once a job's temporary suffix is added.
 SAFE_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+# The workflow's `slide_id` wildcard: the same characters, as a pattern whose cost does not
+# grow with the cohort (an alternation of every id made each match O(slides)).
+SLIDE_ID_WILDCARD = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
 
 
 def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFrame:

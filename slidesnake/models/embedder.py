@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import timm
 import torch
 import torch.nn.functional as F
 
@@ -203,6 +202,10 @@ def build_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
 
 
 def _timm_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
+    # Imported here: timm brings torchvision, 2 s of a job's start-up that a .pt2 or
+    # TorchScript program does not need.
+    import timm
+
     kwargs = {key: _resolve_layer(value) for key, value in spec.timm_kwargs.items()}
     if spec.input_size is None:  # timm:<arch>: size the model to the tiles when it can
         try:
@@ -217,7 +220,9 @@ def _timm_network(spec: ModelSpec, input_size: int) -> torch.nn.Module:
 
 def _resolve_layer(value: object) -> object:
     if value == "SwiGLUPacked":
-        return timm.layers.SwiGLUPacked
+        from timm.layers import SwiGLUPacked
+
+        return SwiGLUPacked
     if value == "SiLU":
         return torch.nn.SiLU
     return value

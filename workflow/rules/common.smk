@@ -1,5 +1,4 @@
 import os
-import re
 import time
 from pathlib import Path
 
@@ -11,7 +10,11 @@ from snakemake.utils import validate
 
 from slidesnake.cohort.config import check_config, typed_sections, with_defaults
 from slidesnake.cohort.rule_params import embedding_params, tile_params, tissue_params
-from slidesnake.cohort.samples import read_sample_sheet, sheet_warnings
+from slidesnake.cohort.samples import (
+    SLIDE_ID_WILDCARD,
+    read_sample_sheet,
+    sheet_warnings,
+)
 from slidesnake.cohort.summary import write_cohort_summary
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models.registry import check_model_config
@@ -38,7 +41,7 @@ for warning in sheet_warnings(samples):
 
 
 wildcard_constraints:
-    slide_id="|".join(re.escape(slide_id) for slide_id in samples.index),
+    slide_id=SLIDE_ID_WILDCARD,
 
 
 def cohort_targets():
@@ -53,7 +56,13 @@ def cohort_targets():
 
 
 def slide_file(wildcards):
-    return samples.loc[wildcards.slide_id, "path"]
+    try:
+        return samples.loc[wildcards.slide_id, "path"]
+    except KeyError:
+        raise WorkflowError(
+            f"slide '{wildcards.slide_id}' is not in the sample sheet {config['samples']}; "
+            "add it there, or ask for the outputs of a slide that is"
+        ) from None
 
 
 def slide_input(wildcards):

@@ -1,0 +1,120 @@
+"""What the workflow itself costs as the cohort grows: 100, 1,000 and 10,000 slides.
+
+Sample sheets of N symbolic links to one small synthetic slide. For each N: the dry run
+(`snakemake -n`, wall time and the Snakemake process's peak memory). Then a real run of
+the cheap stages (masking and tiling) on `--real` slides, the cohort summary and
+`--report`: the scheduler's overhead per job (wall time minus the jobs' own time spread
+over the cores), the summary's time, and the report's time and size. Printed per slide,
+with how each grows from 1,000 to 10,000 (the ratio; linear is 10).
+
+    python benchmarks/cohort_scaling.py [--sizes 100 1000 10000] [--real 1000] [--cores 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from slidesnake.cohort.summary import write_cohort_summary
+from slidesnake.slides.synthetic import random_blobs, write_slide
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = {
+    "model": {"name": "timm:test_vit", "weights": "random", "precision": "fp32"},
+    "loader": {"workers": 1},
+}
+
+
+def cohort(directory: Path, slide: Path, size: int) -> Path:
+    """A working directory whose sheet lists `size` links to `slide`."""
+    workdir = directory / f"cohort-{size}"
+    (workdir / "config").mkdir(parents=True, exist_ok=True)
+    (workdir / "slides").mkdir(exist_ok=True)
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for section, values in CONFIG.items():
+        config[section] |= values
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = ["slide_id\tpath"]
+    for i in range(size):
+        link = workdir / "slides" / f"s{i:05d}.svs"
+        if not link.is_symlink():
+            link.symlink_to(slide)
+        rows.append(f"s{i:05d}\tslides/s{i:05d}.svs")
+    (workdir / "config" / "samples.tsv").write_text("\n".join(rows) + "\n")
+    return workdir
+
+
+def snakemake(workdir: Path, *args: str) -> tuple[float, float]:
+    """(wall s, peak MB) of one Snakemake command in `workdir`."""
+    command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "snakemake",
+               "--snakefile", str(REPO / "workflow" / "Snakefile"), *args]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"snakemake {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return wall, int(done.stderr.strip().splitlines()[-1]) / 1024
+
+
+def jobs_own_s(workdir: Path) -> tuple[int, float]:
+    """(jobs, seconds) from Snakemake's own record of each job's start and end."""
+    spans = {}
+    for record in (workdir / ".snakemake" / "metadata").iterdir():
+        meta = json.loads(record.read_text())
+        spans[meta["rule"], meta["job_hash"]] = meta["endtime"] - meta["starttime"]
+    return len(spans), sum(spans.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--real", type=int, default=1000, help="slides of the real run")
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "slidesnake-scaling"
+    )
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    slide = args.workdir / "tiny.svs"
+    if not slide.exists():
+        write_slide(slide, 2000, 1500, random_blobs(2000, 1500, 2, 1), mpp=0.5, levels=2)
+
+    print("dry run (snakemake -n), the Snakemake process:")
+    dry = {}
+    for size in args.sizes:
+        wall, peak = snakemake(cohort(args.workdir, slide, size), "-n", "--cores", "1")
+        dry[size] = wall
+        print(
+            f"  {size:6d} slides: {wall:7.1f} s, {peak:6.0f} MB, {1000 * wall / size:6.1f} ms/slide"
+        )
+    if 1000 in dry and 10000 in dry:
+        print(f"  growth 1,000 -> 10,000: {dry[10000] / dry[1000]:.1f}x (linear: 10)")
+
+    workdir = cohort(args.workdir, slide, args.real)
+    print(f"real run of masking and tiling, {args.real} slides, {args.cores} cores:")
+    wall, peak = snakemake(workdir, "--cores", str(args.cores), "--until", "make_tile_coords")
+    jobs, own = jobs_own_s(workdir)
+    overhead = wall - own / args.cores
+    print(f"  {jobs} jobs in {wall:.1f} s ({peak:.0f} MB); the jobs' own time {own:.1f} s; "
+          f"scheduler overhead {1000 * overhead / jobs:.0f} ms per job")  # fmt: skip
+
+    started = time.perf_counter()
+    ids = [f"s{i:05d}" for i in range(args.real)]
+    write_cohort_summary(ids, workdir / "results", workdir / "logs" / "slides", time.time())
+    summary = time.perf_counter() - started
+    print(f"  cohort summary: {summary:.2f} s, {1000 * summary / args.real:.2f} ms/slide")
+
+    wall, _ = snakemake(workdir, "--report", "report.html", "--cores", "1")
+    size_mb = (workdir / "report.html").stat().st_size / 1e6
+    print(f"  --report: {wall:.1f} s, {size_mb:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,6 +40,7 @@ bench: install
 	$(BIN)/slidesnake bench
 	$(BIN)/python benchmarks/whole_job.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/cohort_scaling.py
 
 gpu-check: install
 	benchmarks/gpu_check.sh

@@ -55,9 +55,18 @@ def cohort_targets():
     )
 
 
+# The input functions run several times per slide: plain dicts, not DataFrame.loc (100 µs
+# a call, seconds per thousand slides).
+SLIDE_PATHS = samples["path"].to_dict()
+SHEET_MPP = {
+    slide_id: None if pd.isna(mpp) else float(mpp)
+    for slide_id, mpp in samples["mpp"].items()
+}
+
+
 def slide_file(wildcards):
     try:
-        return samples.loc[wildcards.slide_id, "path"]
+        return SLIDE_PATHS[wildcards.slide_id]
     except KeyError:
         raise WorkflowError(
             f"slide '{wildcards.slide_id}' is not in the sample sheet {config['samples']}; "
@@ -85,5 +94,4 @@ def slide_identity(wildcards):
 
 def sheet_mpp(wildcards):
     """The sample sheet's mpp for this slide, or None to read it from the slide."""
-    mpp = samples.loc[wildcards.slide_id, "mpp"]
-    return None if pd.isna(mpp) else float(mpp)
+    return SHEET_MPP[wildcards.slide_id]

@@ -24,7 +24,14 @@ from statistics import median
 
 from slidesnake.bench import limit_tiles, synthetic_slide, tile_slide
 
-PARTS = ("imports_s", "model_build_s", "weights_load_s", "to_device_s", "first_batch_after_model_s")
+PARTS = (
+    "imports_s",
+    "model_build_s",
+    "weights_load_s",
+    "to_device_s",
+    "width_s",
+    "first_batch_after_model_s",
+)
 FLOOR = """
 import sys, torch, timm, slidesnake
 with open(sys.argv[1], "rb") as f:

@@ -217,8 +217,9 @@ def test_store_records_where_its_rows_came_from(tmp_path, blob_slide, blob_tiles
     assert metrics["peak_host_mb"] > 0 and metrics["device"] == ("cpu" if ON_CPU else "cuda")
     assert not list(tmp_path.glob("*.tmp*")), "no temporary output is left behind"
     # The fixed cost, from the process's start: this test process began before the test.
-    parts = [metrics[k] for k in ("model_build_s", "weights_load_s", "to_device_s")]
+    parts = [metrics[k] for k in ("model_build_s", "weights_load_s", "to_device_s", "width_s")]
     assert metrics["startup_s"] > metrics["imports_s"] > 0 and min(parts) >= 0
+    assert metrics["width_s"] > 0  # a program's width: one tile through it
     assert metrics["startup_s"] >= metrics["imports_s"] + metrics["first_batch_after_model_s"]
     assert metrics["job_s"] > metrics["startup_s"]
     assert attrs["timings"]["startup_s"] == pytest.approx(metrics["startup_s"], abs=1e-3)

@@ -181,6 +181,7 @@ STARTUP_KEYS = (
     "model_build_s",
     "weights_load_s",
     "to_device_s",
+    "width_s",
     "first_batch_after_model_s",
 )
 _HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}

@@ -47,7 +47,7 @@ class Embedder:
     input_size: int
     dim: int
     weights_path: Path | None
-    load_s: dict[str, float] = field(default_factory=dict)  # build, weights, to device
+    load_s: dict[str, float] = field(default_factory=dict)  # build, weights, device, width
 
     @torch.inference_mode()
     def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
@@ -140,12 +140,14 @@ def build_embedder(
         _fill(network.network, load_state_dict(path, device), path, spec)
     loaded = clock()
     network = network.to(device=device, dtype=dtype).eval()
+    placed = clock()
+    dim = spec.dim or _meta_width(spec, input_size)
     load_s = {
         "model_build_s": built - started,
         "weights_load_s": loaded - built,
-        "to_device_s": clock() - loaded,
+        "to_device_s": placed - loaded,
+        "width_s": clock() - placed,
     }
-    dim = spec.dim or _meta_width(spec, input_size)
     return Embedder(spec, network, device, dtype, input_size, dim, path, load_s)
 
 
@@ -154,14 +156,19 @@ def _program_embedder(
 ) -> Embedder:
     """A .pt2 or TorchScript program, whose width only one tile through it can tell."""
     started = time.perf_counter()
-    network = load_program(path, device)
+    network = load_program(path, device)  # loads onto the device: no build, no move
     dtype = next((p.dtype for p in network.parameters() if p.is_floating_point()), None)
-    load_s = {"weights_load_s": time.perf_counter() - started}
     embedder = Embedder(
         spec, network, device, dtype or model_dtype(precision, device), input_size, 0, path
     )
+    loaded = time.perf_counter()
     embedder.dim = _probe_dim(embedder)
-    embedder.load_s = load_s
+    embedder.load_s = {
+        "model_build_s": 0.0,
+        "weights_load_s": loaded - started,
+        "to_device_s": 0.0,
+        "width_s": time.perf_counter() - loaded,
+    }
     return embedder
 
 

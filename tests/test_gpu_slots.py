@@ -59,13 +59,12 @@ def test_each_job_gets_its_own_gpu_and_a_dead_jobs_gpu_is_free_again(pretend_gpu
 
 
 def test_two_jobs_per_gpu_share_each_gpu_and_never_three(pretend_gpus):
-    holders = [claim(hold_s=60, jobs_per_gpu=2) for _ in range(4)]
+    holders, claimed = [], []
     try:
-        first_two = [holders[0].stdout.readline().split()[0]]
-        first_two.append(holders[1].stdout.readline().split()[0])
-        assert sorted(first_two) == ["7", "9"]  # GPU by GPU: two jobs, two GPUs
-        claimed = first_two + [job.stdout.readline().split()[0] for job in holders[2:]]
-        assert sorted(claimed) == ["7", "7", "9", "9"]
+        for _ in range(4):  # one after the other: slots fill GPU by GPU
+            holders.append(claim(hold_s=60, jobs_per_gpu=2))
+            claimed.append(holders[-1].stdout.readline().split()[0])
+        assert claimed == ["7", "9", "7", "9"]
 
         fifth = claim(wait_s=0, jobs_per_gpu=2)
         assert fifth.wait(timeout=60) != 0

@@ -21,6 +21,7 @@ GALLERY_SLIDES = 48
 CELL_PX = 256
 LABEL_PX = 18
 COLUMNS = 8
+QC_PICTURES = ("qc_mask.png", "qc_tiles.png")  # a slide's QC pictures, in stage order
 STATUS_COLOUR = {"done": (40, 120, 40), "failed": (190, 30, 30), "pending": (110, 110, 110)}
 
 
@@ -35,7 +36,7 @@ def gallery_rows(table: pd.DataFrame, limit: int = GALLERY_SLIDES) -> pd.DataFra
 
 def qc_picture(results: Path, slide_id: str) -> Path | None:
     """The slide's most finished QC picture: the kept tiles, else the tissue outline."""
-    for name in ("qc_tiles.png", "qc_mask.png"):
+    for name in reversed(QC_PICTURES):
         if (results / slide_id / name).is_file():
             return results / slide_id / name
     return None

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from slidesnake.atomic import atomic_output
-from slidesnake.cohort.gallery import write_gallery
+from slidesnake.cohort.gallery import QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
 
 COLUMNS = ["slide_id", "status", "reason", "tiles", "wall_s", "tiles_per_s", "loader_wait_fraction"]
@@ -100,10 +100,9 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
 
 def picture_links(results: Path, slide_id: str) -> str:
     """Links, relative to results/, to the slide's QC pictures that are on disk."""
-    names = ("qc_mask.png", "qc_tiles.png")
     return " ".join(
         f'<a href="slides/{quote(slide_id)}/{name}">{name[3:-4]}</a>'
-        for name in names
+        for name in QC_PICTURES
         if (results / "slides" / slide_id / name).is_file()
     )
 

@@ -68,11 +68,12 @@ def embed_slide(
         with atomic_output(zarr_path) as tmp:
             writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
             timings = _run(embedder, batches, dataset.batch_shape, writer, settings, device)
-            timings |= _startup(clock, timings, embedder)
+            startup = _startup(clock, timings, embedder)
+            timings |= startup
             attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
             attributes["weights_sha256"] = digest.value() if digest else None
             writer.finish(attributes)
-    metrics = _metrics(len(coords), timings, embedder, settings, device)
+    metrics = _metrics(len(coords), timings, startup, embedder, settings, device)
     metrics["job_s"] = round(time.perf_counter() - clock["process"], 3)
     with atomic_output(metrics_path) as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
@@ -174,16 +175,6 @@ def _run(
     }
 
 
-STARTUP_KEYS = (
-    "startup_s",
-    "imports_s",
-    "loader_start_s",
-    "model_build_s",
-    "weights_load_s",
-    "to_device_s",
-    "width_s",
-    "first_batch_after_model_s",
-)
 _HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
@@ -266,7 +257,9 @@ def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, ti
     }
 
 
-def _metrics(tiles: int, timings, embedder: Embedder, settings, device) -> dict[str, Any]:
+def _metrics(
+    tiles: int, timings, startup: dict[str, float], embedder: Embedder, settings, device
+) -> dict[str, Any]:
     wall = timings["wall_s"]
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -277,7 +270,7 @@ def _metrics(tiles: int, timings, embedder: Embedder, settings, device) -> dict[
         "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
         "loader_wait_s": round(timings["loader_wait_s"], 3),
         "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
-        **{key: round(timings[key], 3) for key in STARTUP_KEYS if key in timings},
+        **{key: round(seconds, 3) for key, seconds in startup.items()},
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",

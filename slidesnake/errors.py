@@ -66,3 +66,7 @@ class EmbeddingsError(SlidesnakeError):
 
 class GpuSlotError(SlidesnakeError):
     """No GPU came free for an embedding job."""
+
+
+class ClusterQueryError(SlidesnakeError):
+    """The cluster's own tools (squeue, scontrol, scancel) did not answer as expected."""

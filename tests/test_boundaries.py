@@ -24,6 +24,7 @@ MAY_IMPORT = {
     "models": {"errors"},
     "embed": {"loader", "models", "tiling", "errors", "atomic"},
     "cohort": {"slides", "tiling", "embed", "errors", "atomic"},
+    "cluster": {"errors"},
     "errors": set(),
     "atomic": set(),
 }
@@ -33,6 +34,7 @@ MUST_NOT_IMPORT = {
     "tiling": {"torch", "timm"},
     "loader": {"torch.cuda", "timm"},
     "cohort": {"torch", "timm"},
+    "cluster": {"torch", "timm"},
 }
 
 
@@ -101,7 +103,8 @@ def test_the_workflows_own_python_imports_no_torch():
     """What common.smk imports at DAG time: torch there would cost seconds per run."""
     code = (
         "import sys; import slidesnake.cohort.config, slidesnake.cohort.rule_params, "
-        "slidesnake.cohort.samples, slidesnake.cohort.summary, slidesnake.models.registry; "
+        "slidesnake.cohort.samples, slidesnake.cohort.summary, slidesnake.models.registry, "
+        "slidesnake.cluster.stuck_jobs; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

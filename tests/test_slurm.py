@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,9 @@ def sacct_jobs(since: str) -> pd.DataFrame:
 
 
 def slurm_logs(workdir: Path) -> dict[str, str]:
-    """SLURM job id -> what it ran: group_cpu_stages (masking + tiling) or rule_embed_tiles."""
+    """SLURM job id -> what it ran: group_cpu_stages (masking and tiling of a batch of
+    slides), rule_make_tissue_mask (a slide that failed last time, alone) or
+    rule_embed_tiles."""
     base = workdir / ".snakemake" / "slurm_logs"
     kinds = {log.stem: log.relative_to(base).parts[0] for log in base.glob("**/*.log")}
     return {
@@ -61,30 +64,56 @@ def slurm_logs(workdir: Path) -> dict[str, str]:
     }
 
 
-def test_the_slurm_profile_runs_every_job_through_sbatch(tmp_path, rect_slide, blob_slide):
+def now() -> str:
+    return subprocess.run(["date", "+%Y-%m-%dT%H:%M:%S"], capture_output=True, text=True).stdout
+
+
+def statuses(workflow: Workflow) -> dict[str, str]:
+    table = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t", index_col=0)
+    return table["status"].to_dict()
+
+
+def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
+    tmp_path, rect_slide, blob_slide
+):
+    """One submission masks and tiles the batch; a bad slide fails its batch once, then
+    goes alone, and the others finish; one GPU job per slide; a finished cohort submits
+    nothing."""
     text = tmp_path / "notes.svs"
     text.write_text("not a slide\n")
     rows = [("rect", rect_slide), ("blobs", blob_slide)]
-    since = subprocess.run(["date", "+%Y-%m-%dT%H:%M:%S"], capture_output=True, text=True)
     on_slurm = Workflow(tmp_path / "slurm")
     on_slurm.sheet([*rows, ("notes", text)])
-    result = on_slurm.run(
-        "--profile", str(REPO / "profiles" / "slurm"), *FAST_POLLING, "--retries", "0",
-        check=False,
-    )  # fmt: skip
-    assert result.returncode != 0  # the text file failed; the slides finished
-    table = pd.read_csv(on_slurm.dir / "results" / "cohort.tsv", sep="\t", index_col=0)
-    assert table["status"].to_dict() == {"rect": "done", "blobs": "done", "notes": "failed"}
+    profile = ["--profile", str(REPO / "profiles" / "slurm"), *FAST_POLLING, "--retries", "0"]
 
-    jobs = sacct_jobs(since.stdout.strip())
+    since = now()
+    assert on_slurm.run(*profile, check=False).returncode != 0
+    assert statuses(on_slurm) == {"rect": "pending", "blobs": "pending", "notes": "failed"}
+    assert sorted(slurm_logs(on_slurm.dir).values()) == ["group_cpu_stages"]
+    assert len(sacct_jobs(since)) == 1, "the three slides' CPU stages: one submission"
+
+    shutil.rmtree(on_slurm.dir / ".snakemake" / "slurm_logs")
+    since = now()
+    assert on_slurm.run(*profile, check=False).returncode != 0
+    assert statuses(on_slurm) == {"rect": "done", "blobs": "done", "notes": "failed"}
+    jobs = sacct_jobs(since)
     ran = slurm_logs(on_slurm.dir)
-    assert set(ran) <= set(jobs.index), "every job went through sbatch and sacct knows it"
-    assert sorted(ran.values()) == ["group_cpu_stages"] * 3 + ["rule_embed_tiles"] * 2
+    assert set(ran) == set(jobs.index), "every job went through sbatch and sacct knows it"
+    assert sorted(ran.values()) == [
+        "group_cpu_stages", "rule_embed_tiles", "rule_embed_tiles", "rule_make_tissue_mask"
+    ]  # fmt: skip
     for job, kind in ran.items():
         assert ("gres/gpu=1" in jobs.loc[job, "tres"]) == (kind == "rule_embed_tiles")
-    assert sorted(jobs.loc[list(ran), "state"]) == ["COMPLETED"] * 4 + ["FAILED"]
+        assert jobs.loc[job, "state"] == (
+            "FAILED" if kind == "rule_make_tissue_mask" else "COMPLETED"
+        )
     for slide_id, _ in rows:
         assert "CUDA_VISIBLE_DEVICES=0" in on_slurm.log(slide_id, "embed_tiles")
+
+    on_slurm.sheet(rows)
+    since = now()
+    on_slurm.run(*profile)
+    assert sacct_jobs(since).empty, "a finished cohort submits nothing"
 
     local = Workflow(tmp_path / "local")
     local.sheet(rows)
@@ -99,3 +128,26 @@ def test_the_slurm_profile_runs_every_job_through_sbatch(tmp_path, rect_slide, b
         local_features, local_coords, _ = load_embeddings(local.result(slide_id, "embeddings.zarr"))
         np.testing.assert_array_equal(slurm_coords, local_coords)
         np.testing.assert_allclose(slurm_features, local_features, atol=2e-3)
+
+
+def test_a_job_no_node_can_run_is_reported_and_cancelled(tmp_path, blob_slide):
+    """More loader workers than the node has CPUs: SLURM would keep the job pending
+    forever; the run reports it with the setting to change, and ends."""
+    cpus = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    on_slurm = Workflow(tmp_path / "slurm")
+    on_slurm.sheet([("blobs", blob_slide)])
+    started = time.monotonic()
+    result = on_slurm.run(
+        "--profile", str(REPO / "profiles" / "slurm"), *FAST_POLLING, "--retries", "0",
+        "--config", f"loader={{'workers': {cpus}}}", "slurm={'check_pending_s': 5}",
+        "--cores", "64",  # as the profile runs: the local --cores would cap the job's threads
+        check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert time.monotonic() - started < 240, "reported within minutes, not waited on"
+    reason = pd.read_csv(on_slurm.dir / "results" / "cohort.tsv", sep="\t").loc[0, "reason"]
+    assert (
+        reason.startswith("SLURM job ") and "(embed_tiles, slide 'blobs') can never start" in reason
+    )
+    assert f"asks for {cpus + 1} CPUs" in reason and "lower loader.workers" in reason
+    assert reason in result.stderr

@@ -44,7 +44,13 @@ def slide_status(
 
 def failure_in_run(log_dir: Path, since: float) -> str:
     """Why a job of this slide failed in the run started at `since`, or '' if none did."""
-    logs = [log for log in log_dir.glob("*.log") if log.stat().st_mtime >= since]
+    # An empty log is a job that never started: Snakemake creates the logs of a SLURM
+    # group's jobs up front, and stops the group at its first failure.
+    logs = [
+        log
+        for log in log_dir.glob("*.log")
+        if log.stat().st_mtime >= since and log.stat().st_size > 0
+    ]
     for log in sorted(logs, key=lambda p: p.stat().st_mtime):
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if " ERROR " in line]
@@ -79,6 +85,16 @@ def write_cohort_summary(
         tmp.write_text(cohort_html(table, results))
     write_gallery(table, results / "slides", results / "cohort_gallery.jpg")
     return table
+
+
+def failed_slides(summary: str | Path) -> set[str]:
+    """The slides that failed in the run that wrote `summary` (cohort.tsv); none if there
+    is no summary yet."""
+    try:
+        table = pd.read_csv(summary, sep="\t", usecols=["slide_id", "status"], dtype=str)
+    except FileNotFoundError:
+        return set()
+    return set(table.loc[table["status"] == "failed", "slide_id"])
 
 
 def cohort_html(table: pd.DataFrame, results: Path) -> str:

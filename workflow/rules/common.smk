@@ -15,7 +15,8 @@ from slidesnake.cohort.samples import (
     read_sample_sheet,
     sheet_warnings,
 )
-from slidesnake.cohort.summary import write_cohort_summary
+from slidesnake.cohort.summary import failed_slides, write_cohort_summary
+from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models.registry import check_model_config
 
@@ -31,7 +32,10 @@ try:
     check_config(
         config, load_yaml(workflow.source_path("../schemas/config.schema.yaml"))
     )
-    check_model_config(config["model"], config["tiles"])
+    # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
+    # on cluster nodes parse this file again and need not repeat it.
+    if workflow.is_main_process:
+        check_model_config(config["model"], config["tiles"])
     samples = read_sample_sheet(config["samples"])
 except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
@@ -95,3 +99,36 @@ def slide_identity(wildcards):
 def sheet_mpp(wildcards):
     """The sample sheet's mpp for this slide, or None to read it from the slide."""
     return SHEET_MPP[wildcards.slide_id]
+
+
+# A SLURM group job fails as a whole when one of its jobs fails, and Snakemake then deletes
+# the outputs of all of them. A slide that failed in the last run gets a submission of its
+# own, so a bad slide costs its batch at most one run, not every run until it is fixed.
+FAILED_LAST_RUN = failed_slides("results/cohort.tsv")
+
+
+def cpu_stages_group(wildcards):
+    """The group that batches the CPU stages of many slides in one SLURM submission
+    (the profile's group-components), or none for a slide that failed last time."""
+    return None if wildcards.slide_id in FAILED_LAST_RUN else "cpu_stages"
+
+
+def watch_slurm_jobs():
+    """Under SLURM, report and cancel the run's jobs that can never start, instead of
+    waiting for them forever."""
+    plugin = workflow.executor_plugin
+    if plugin is None or plugin.name != "slurm":
+        return
+    interval = config["slurm"]["check_pending_s"]
+    watch_stuck_jobs(Path.cwd(), interval, report_stuck_job, logger.warning)
+
+
+def report_stuck_job(job, message):
+    """Print the reason, and put it in the slide's log, where the cohort summary finds it."""
+    logger.error(message)
+    if job.slide_id in SLIDE_PATHS:
+        log = Path("logs/slides") / job.slide_id / f"{job.rule}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S,000")
+        with log.open("a") as f:
+            f.write(f"{stamp} ERROR slidesnake.cluster: {message}\n")

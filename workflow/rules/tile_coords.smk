@@ -8,10 +8,13 @@ rule make_tile_coords:
         qc="results/slides/{slide_id}/qc_tiles.png",
     log:
         "logs/slides/{slide_id}/make_tile_coords.log",
+    group:
+        cpu_stages_group
     conda:
         "../../envs/slidesnake.yaml"
     resources:
         mem_mb=1000,
+        cpu_stage=1,
     params:
         slide=slide_file,
         tiles=tile_params(config),

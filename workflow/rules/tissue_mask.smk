@@ -6,10 +6,13 @@ rule make_tissue_mask:
         qc="results/slides/{slide_id}/qc_mask.png",
     log:
         "logs/slides/{slide_id}/make_tissue_mask.log",
+    group:
+        cpu_stages_group
     conda:
         "../../envs/slidesnake.yaml"
     resources:
         mem_mb=2000,
+        cpu_stage=1,
     params:
         slide=slide_file,
         identity=slide_identity,

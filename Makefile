@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: install demo test lint bench gpu-check clean
+.PHONY: install demo test lint bench bench-slurm gpu-check clean
 
 install: $(STAMP)
 
@@ -41,6 +41,10 @@ bench: install
 	$(BIN)/python benchmarks/whole_job.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/cohort_scaling.py
+
+# Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).
+bench-slurm: install
+	$(BIN)/python benchmarks/slurm_cohort.py
 
 gpu-check: install
 	benchmarks/gpu_check.sh

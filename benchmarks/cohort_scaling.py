@@ -4,7 +4,9 @@ Sample sheets of N symbolic links to one small synthetic slide. For each N: the 
 (`snakemake -n`, wall time and the Snakemake process's peak memory). Then a real run of
 the cheap stages (masking and tiling) on `--real` slides, the cohort summary and
 `--report`: the scheduler's overhead per job (wall time minus the jobs' own time spread
-over the cores), the summary's time, and the report's time and size. Printed per slide,
+over the cores); resuming it (the same command again: what Snakemake re-checks when every
+slide is done); the summary's time at that size and at 10 times it; and the report's time
+and size. Printed per slide,
 with how each grows from 1,000 to 10,000 (the ratio; linear is 10).
 
     python benchmarks/cohort_scaling.py [--sizes 100 1000 10000] [--real 1000] [--cores 2]
@@ -31,6 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 # as it does for users of H-optimus (a `timm:` name costs the Snakemake process 2 s and
 # 1 GB once, to check the architecture exists). Only the CPU stages run here.
 CONFIG = {"model": {"name": "h-optimus-0", "weights": "random"}}
+
+
+def tiny_slide(path: Path) -> Path:
+    """The one small synthetic slide every row of a benchmark cohort links to."""
+    return write_slide(path, 2000, 1500, random_blobs(2000, 1500, 2, 1), mpp=0.5, levels=2)
 
 
 def cohort(directory: Path, slide: Path, size: int) -> Path:
@@ -85,7 +92,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     slide = args.workdir / "tiny.svs"
     if not slide.exists():
-        write_slide(slide, 2000, 1500, random_blobs(2000, 1500, 2, 1), mpp=0.5, levels=2)
+        tiny_slide(slide)
 
     print("dry run (snakemake -n), the Snakemake process:")
     dry = {}
@@ -114,16 +121,33 @@ def real_run(directory: Path, slide: Path, size: int, cores: int) -> None:
     print(f"  {jobs} jobs in {wall:.1f} s ({peak:.0f} MB); the jobs' own time {own:.1f} s; "
           f"scheduler overhead {1000 * overhead / jobs:.0f} ms per job")  # fmt: skip
 
-    started = time.perf_counter()
-    ids = [f"s{i:05d}" for i in range(size)]
-    # since=0: every job's log counts as this run's, so every log is read (the worst case)
-    write_cohort_summary(ids, workdir / "results", workdir / "logs" / "slides", 0.0)
-    summary = time.perf_counter() - started
-    print(f"  cohort summary: {summary:.2f} s, {1000 * summary / size:.2f} ms/slide")
+    wall, _ = snakemake(workdir, "--cores", str(cores), "--until", "make_tile_coords")
+    print(f"  resume (the same command again, every slide done): {wall:.1f} s, "
+          f"{jobs_own_s(workdir)[0] - jobs} jobs run")  # fmt: skip
+
+    for scale in (10, 1):  # the report below carries the last summary: `size` slides
+        summary = summary_s(workdir, size, scale)
+        print(f"  cohort summary of {scale * size} slides: {summary:.2f} s, "
+              f"{1000 * summary / (scale * size):.2f} ms/slide")  # fmt: skip
 
     wall, _ = snakemake(workdir, "--report", "report.html", "--cores", "1")
     size_mb = (workdir / "report.html").stat().st_size / 1e6
     print(f"  --report: {wall:.1f} s, {size_mb:.1f} MB")
+
+
+def summary_s(workdir: Path, size: int, scale: int) -> float:
+    """Seconds to write the summary of `scale` x `size` slides: the slides past `size` are
+    links to the results and logs of the first `size`, so every one has files to read."""
+    for i in range(size, scale * size):
+        for tree in ("results/slides", "logs/slides"):
+            link = workdir / tree / f"s{i:05d}"
+            if not link.is_symlink():
+                link.symlink_to(workdir / tree / f"s{i % size:05d}")
+    started = time.perf_counter()
+    ids = [f"s{i:05d}" for i in range(scale * size)]
+    # since=0: every job's log counts as this run's, so every log is read (the worst case)
+    write_cohort_summary(ids, workdir / "results", workdir / "logs" / "slides", 0.0)
+    return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -5,13 +5,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: install demo test lint bench bench-slurm gpu-check clean
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+
+.PHONY: install serve-env demo test lint bench bench-slurm gpu-check clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --editable '.[dev]'
+	touch $@
+
+# `slidesnake serve` runs here: a second environment, because PyTriton pins numpy<2.
+serve-env: $(SERVE_STAMP)
+
+$(SERVE_STAMP): envs/serve-requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install --quiet --requirement envs/serve-requirements.txt
+	$(SERVE_VENV)/bin/pip install --quiet --no-deps --editable .
 	touch $@
 
 demo: install

@@ -1,30 +1,49 @@
-"""slidesnake: whole-slide images to tile embeddings, one Snakemake job per slide per stage."""
+"""slidesnake: whole-slide images to tile embeddings, one Snakemake job per slide per stage.
 
+The public names are imported on first use: a process that needs one subpackage (a job's
+stage, or the server, whose environment has no zarr or OpenSlide) pays for no other.
+"""
+
+from importlib import import_module
 from importlib.metadata import version
 
-from slidesnake.embed.store import export_h5, load_embeddings
 from slidesnake.errors import (
     ConfigError,
     EmbeddingsError,
     ModelError,
     MppError,
+    RemoteError,
     SampleSheetError,
     SlideError,
     SlideOpenError,
     SlideReadError,
     SlidesnakeError,
 )
-from slidesnake.slides.slide import Slide
-from slidesnake.tiling.mask_file import TissueMask, load_mask
-from slidesnake.tiling.tile_table import read_tiles
 
 __version__ = version("slidesnake")
+
+_LAZY = {
+    "export_h5": "slidesnake.embed.store",
+    "load_embeddings": "slidesnake.embed.store",
+    "Slide": "slidesnake.slides.slide",
+    "TissueMask": "slidesnake.tiling.mask_file",
+    "load_mask": "slidesnake.tiling.mask_file",
+    "read_tiles": "slidesnake.tiling.tile_table",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'slidesnake' has no attribute '{name}'")
+    return getattr(import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "ConfigError",
     "EmbeddingsError",
     "ModelError",
     "MppError",
+    "RemoteError",
     "SampleSheetError",
     "Slide",
     "SlideError",

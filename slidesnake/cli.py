@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,8 +19,12 @@ from slidesnake.tiling.tissue import TissueParams
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        _exec_server(argv[1:])
     parser = argparse.ArgumentParser(prog="slidesnake", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="serve a model on Triton (see slidesnake serve --help)")
 
     demo = commands.add_parser("demo-slides", help="write the demo cohort's synthetic slides")
     demo.add_argument("directory", nargs="?", default="demo/slides")
@@ -72,6 +78,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The stages of one slide name it in their errors, as the workflow's jobs do.
     slide_id = Path(args.slide).stem if args.command in ("mask", "tiles", "embed") else None
     run_job(lambda: _COMMANDS[args.command](args), slide_id=slide_id)
+
+
+def _exec_server(argv: list[str]) -> None:
+    """Become the server, in its own environment (make serve-env): PyTriton needs numpy<2."""
+    python = os.environ.get("SLIDESNAKE_SERVE_PYTHON") or str(SERVE_PYTHON)
+    if not Path(python).is_file():
+        sys.exit(
+            f"slidesnake serve: no server environment at {python}; run `make serve-env` in "
+            "the slidesnake checkout, or set SLIDESNAKE_SERVE_PYTHON to its python"
+        )
+    os.execv(python, [python, "-m", "slidesnake.serve", *argv])
+
+
+# Where `make serve-env` puts the server's environment: beside the checkout's .venv.
+SERVE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-serve" / "bin" / "python"
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, bench: bool = False) -> None:

@@ -70,3 +70,15 @@ class GpuSlotError(SlidesnakeError):
 
 class ClusterQueryError(SlidesnakeError):
     """The cluster's own tools (squeue, scontrol, scancel) did not answer as expected."""
+
+
+class RemoteError(SlidesnakeError):
+    """The inference server of the remote backend refused or failed a request."""
+
+
+class RemoteProtocolError(RemoteError):
+    """The server's answer is not the Open Inference Protocol slidesnake speaks."""
+
+
+class RemoteRefusedError(RemoteError):
+    """The server refused the token (401/403): retrying cannot help."""

@@ -42,8 +42,12 @@ def tile_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    settings = _canonical(EmbedSettings.from_config(config))
-    return {name: settings[name] for name in EMBEDDING_FIELDS}
+    settings = EmbedSettings.from_config(config)
+    canonical = _canonical(settings)
+    params = {name: canonical[name] for name in EMBEDDING_FIELDS}
+    if settings.remote is not None:  # the server's address is not a result; its model is
+        params |= {"backend": "remote", "remote_model": settings.remote.model}
+    return params
 
 
 def _canonical(settings: object) -> dict[str, Any]:

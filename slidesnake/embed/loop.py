@@ -31,6 +31,7 @@ from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.loader.batches import BatchStream, TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder
 from slidesnake.models.registry import model_spec
+from slidesnake.tiling.grid import TileGeometry
 from slidesnake.tiling.tile_table import read_tiles
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,8 @@ class _Drain(threading.Thread):
                     self.error = err
 
 
-def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, timings) -> dict:
+def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
+    """The zarr attributes that say which slide and which tiles, whatever the backend."""
     stat = Path(slide_path).stat()
     return {
         "slide_id": slide_id,
@@ -246,13 +248,27 @@ def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, ti
         **{f"tile_{k}": v for k, v in asdict(geometry).items()},
         "patch_size_level0": geometry.size_level0,
         "target_mpp": geometry.target_mpp,
+        "slidesnake_version": version("slidesnake"),
+    }
+
+
+def peak_memory_mb() -> dict[str, float]:
+    """Peak resident memory of this process and of its largest loader worker."""
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"peak_host_mb": round(self_kb / 1024, 1), "peak_worker_mb": round(workers_kb / 1024, 1)}
+
+
+def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, timings) -> dict:
+    return {
+        **slide_attributes(slide_path, slide_id, geometry),
+        "backend": "local",
         "model": embedder.spec.name,
         "model_output": embedder.spec.output,
         "embedding_dim": embedder.dim,
         "weights": settings.weights,
         "precision": str(embedder.dtype).removeprefix("torch."),
         "features_dtype": settings.output_dtype,
-        "slidesnake_version": version("slidesnake"),
         "timings": timings,
     }
 
@@ -261,8 +277,6 @@ def _metrics(
     tiles: int, timings, startup: dict[str, float], embedder: Embedder, settings, device
 ) -> dict[str, Any]:
     wall = timings["wall_s"]
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     cuda = device.type == "cuda"
     return {
         "tiles": tiles,
@@ -278,7 +292,7 @@ def _metrics(
         "batch_size": settings.batch_size,
         "loader_workers": settings.workers,
         "model": embedder.spec.name,
-        "peak_host_mb": round(self_kb / 1024, 1),
-        "peak_worker_mb": round(workers_kb / 1024, 1),
+        "backend": "local",
+        **peak_memory_mb(),
         "peak_device_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if cuda else 0,
     }

@@ -11,6 +11,21 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class RemoteSettings:
+    """remote.* of the config: where the inference server is and how to talk to it."""
+
+    url: str
+    model: str
+    max_concurrency: int = 8
+    batch_size: int = 32
+    timeout_s: float = 60.0
+    retries: int = 5
+    ready_timeout_s: float = 600.0
+    token_env: str | None = None
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
 class EmbedSettings:
     """model.*, loader.*, output.* and embed.* of the config."""
 
@@ -27,6 +42,8 @@ class EmbedSettings:
     output_dtype: str = "float16"
     progress_s: float = 30.0
     watchdog_s: float = 300.0
+    backend: str = "local"  # or "remote": an inference server embeds, see `remote`
+    remote: RemoteSettings | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Mapping[str, Any]]) -> EmbedSettings:
@@ -35,8 +52,12 @@ class EmbedSettings:
         flat |= {f"output_{k}": v for k, v in config.get("output", {}).items()}
         flat |= dict(config.get("embed", {}))
         flat["model"] = flat.pop("name", cls.model)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in flat.items() if k in names and v is not None})
+        names = {f.name for f in fields(cls)} - {"remote"}
+        settings = {k: v for k, v in flat.items() if k in names and v is not None}
+        if settings.get("backend") == "remote":
+            remote = RemoteSettings(**config["remote"])
+            settings |= {"remote": remote, "batch_size": remote.batch_size}
+        return cls(**settings)
 
 
 # `make demo` and `slidesnake bench`: a small ViT that a CPU runs at ~20 tiles/s.

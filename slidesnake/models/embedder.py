@@ -62,12 +62,12 @@ class Embedder:
         resize = x.shape[-1] != self.input_size or x.shape[-2] != self.input_size
         if self.device.type == "cpu":
             if resize:
-                x = _resize(x, self.input_size)  # uint8 in and out: rounds once
+                x = resize_tiles(x, self.input_size)  # uint8 in and out: rounds once
             x = self._cpu_pixels(x)
         else:
             x = x.float()
             if resize:
-                x = _resize(x, self.input_size)
+                x = resize_tiles(x, self.input_size)
         return x.mul_(self._scale).sub_(self._shift).to(self.dtype)
 
     def _cpu_pixels(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,10 +82,7 @@ class Embedder:
         return self._pixels[: len(x)].copy_(x)
 
     def __post_init__(self) -> None:
-        # (x / 255 - mean) / std as one multiply and one subtract, in place
-        std = torch.tensor(self.spec.std, device=self.device).view(1, 3, 1, 1)
-        self._scale = 1.0 / (255.0 * std)
-        self._shift = torch.tensor(self.spec.mean, device=self.device).view(1, 3, 1, 1) / std
+        self._scale, self._shift = normalisation(self.spec, self.device)
         self._pixels: torch.Tensor | None = None
 
     def weights_digest(self) -> WeightsDigest | None:
@@ -97,7 +94,16 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+def normalisation(spec: ModelSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, shift) such that x * scale - shift is (x / 255 - mean) / std: one multiply
+    and one subtract, in place."""
+    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
+    shift = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1) / std
+    return 1.0 / (255.0 * std), shift
+
+
+def resize_tiles(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, 3, h, w) tiles to (B, 3, size, size); on a CPU, uint8 in and out."""
     return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
 
 

@@ -119,12 +119,20 @@ def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
         )
 
 
-def check_model_config(model: dict[str, Any], tiles: dict[str, Any]) -> None:
-    """Config errors of model.* found before any job runs: unknown model, wrong tiles, no file."""
+def check_model_config(
+    model: dict[str, Any], tiles: dict[str, Any], remote: dict[str, Any] | None = None
+) -> None:
+    """Config errors of model.* found before any job runs: unknown model, wrong tiles, no
+    weights file, or no server for the remote backend (whose weights are the server's)."""
     spec = model_spec(model["name"], model.get("mean"), model.get("std"))
+    check_tiles_fit(spec, tiles["size"], tiles["mpp"])
+    if model.get("backend", "local") == "remote":
+        missing = [f"remote.{key}" for key in ("url", "model") if not (remote or {}).get(key)]
+        if missing:
+            raise ConfigError(f"model.backend remote needs {' and '.join(missing)}")
+        return
     if spec.name.startswith("timm:"):
         _check_timm_architecture(spec.architecture)
-    check_tiles_fit(spec, tiles["size"], tiles["mpp"])
     weights_source(spec, model.get("weights", "checkpoint"), model.get("checkpoint"))
 
 

@@ -35,13 +35,14 @@ try:
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:
-        check_model_config(config["model"], config["tiles"])
+        check_model_config(config["model"], config["tiles"], config["remote"])
     samples = read_sample_sheet(config["samples"])
 except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
 validate(samples, "../schemas/samples.schema.yaml")
 for warning in sheet_warnings(samples):
     logger.warning(f"sample sheet: {warning}")
+REMOTE_BACKEND = config["model"]["backend"] == "remote"
 
 
 wildcard_constraints:

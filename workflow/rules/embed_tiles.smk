@@ -11,7 +11,10 @@ rule embed_tiles:
         "../../envs/slidesnake.yaml"
     threads: config["loader"]["workers"] + 1
     resources:
-        gpu=1,
+        # The remote backend's jobs are CPU clients of the server: they take an endpoint
+        # slot (--resources endpoint=K), not a GPU.
+        gpu=0 if REMOTE_BACKEND else 1,
+        endpoint=1 if REMOTE_BACKEND else 0,
         mem_mb=8000,
     params:
         slide=slide_file,

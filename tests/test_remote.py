@@ -1,0 +1,374 @@
+"""The remote backend against real Triton servers (PyTriton on the CPU) that the tests start:
+slidesnake's own server (UINT8 input) and tests/remote/fp32_server.py (normalised FP32).
+
+Needs the server's environment (`make serve-env`); skipped without it, unless
+SLIDESNAKE_REQUIRE_SERVE=1 (CI) makes its absence a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+from safetensors.torch import save_file
+
+from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.settings import EmbedSettings, RemoteSettings
+from slidesnake.embed.store import load_embeddings
+from slidesnake.errors import ConfigError, RemoteError, RemoteRefusedError
+from slidesnake.models.embedder import build_network
+from slidesnake.models.registry import model_spec
+from slidesnake.remote.loop import embed_slide_remote
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tissue import TissueParams
+
+SERVE_PYTHON = Path(os.environ.get("SLIDESNAKE_SERVE_PYTHON", REPO / ".venv-serve/bin/python"))
+TOKEN = "tok-7f3a91c2e5"  # the tests' bearer token: must never show up in an output
+
+
+@pytest.fixture(scope="module")
+def serve_python() -> Path:
+    if not SERVE_PYTHON.is_file():
+        if os.environ.get("SLIDESNAKE_REQUIRE_SERVE") == "1":
+            pytest.fail(f"no server environment at {SERVE_PYTHON}: run `make serve-env`")
+        pytest.skip("no server environment (make serve-env)")
+    return SERVE_PYTHON
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Server:
+    """A server process in its own session, so that a kill takes Triton down with it."""
+
+    def __init__(self, args: list[str], log: Path, model: str) -> None:
+        self.args, self.log, self.model = args, log, model
+        self.ports = free_ports(3)
+        self.url = f"http://127.0.0.1:{self.ports[0]}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        ports = [str(p) for p in self.ports]
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(
+                [*self.args, *self._port_args(ports)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/v2/models/{self.model}/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"server not ready:\n{self.log.read_text()[-3000:]}")
+
+    def _port_args(self, ports: list[str]) -> list[str]:
+        if "slidesnake.serve" in self.args:
+            return ["--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
+        return ["--ports", *ports]
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        os.killpg(self.process.pid, sig)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """Seeded random weights of timm's test ViT, as a safetensors file both backends load."""
+    torch.manual_seed(3)
+    network = build_network(model_spec("timm:test_vit"), 224).network
+    path = tmp_path_factory.mktemp("weights") / "test_vit.safetensors"
+    save_file({k: v.contiguous() for k, v in network.state_dict().items()}, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def rect_tiles(tmp_path_factory, rect_slide) -> Path:
+    out = tmp_path_factory.mktemp("rect")
+    args = (rect_slide, "rect", out / "mask.png", out / "qc_mask.png")
+    make_tissue_mask(*args, TissueParams())
+    make_tile_coords(*args, out / "tiles.parquet", out / "qc_tiles.png", TileParams())
+    return out / "tiles.parquet"
+
+
+@pytest.fixture(scope="module")
+def uint8_server(serve_python, checkpoint, tmp_path_factory):
+    """slidesnake's own server: the test ViT, UINT8 tiles in."""
+    log = tmp_path_factory.mktemp("uint8-server") / "server.log"
+    args = [str(serve_python), "-m", "slidesnake.serve", "--model", "timm:test_vit"]
+    args += ["--checkpoint", checkpoint, "--precision", "fp32", "--device", "cpu"]
+    args += ["--tile-size", "224", "--name", "test_vit"]
+    server = Server(args, log, "test_vit").start()
+    yield server
+    assert server.kill(signal.SIGTERM) == 0, log.read_text()[-2000:]  # a clean shutdown
+
+
+def fp32_server(serve_python, checkpoint, workdir: Path, delay_s: float = 0.0) -> Server:
+    args = [str(serve_python), str(REPO / "tests" / "remote" / "fp32_server.py")]
+    args += ["--checkpoint", checkpoint, "--stats", str(workdir / "stats.json")]
+    args += ["--delay-s", str(delay_s)]
+    return Server(args, workdir / "server.log", "fp32")
+
+
+@pytest.fixture(scope="module")
+def slow_fp32_server(serve_python, checkpoint, tmp_path_factory):
+    server = fp32_server(serve_python, checkpoint, tmp_path_factory.mktemp("fp32"), 0.2).start()
+    yield server
+    server.kill()
+
+
+def stats(server: Server) -> dict:
+    path = server.log.parent / "stats.json"
+    return json.loads(path.read_text()) if path.exists() else {"requests": 0, "max_in_flight": 0}
+
+
+def remote_settings(url: str, model: str, **remote) -> EmbedSettings:
+    values = {"max_concurrency": 2, "batch_size": 8, "timeout_s": 30, "retries": 2} | remote
+    return EmbedSettings(
+        model="timm:test_vit",
+        precision="fp32",
+        output_dtype="float32",
+        workers=1,
+        backend="remote",
+        remote=RemoteSettings(url=url, model=model, **values),
+    )
+
+
+def embed_remote(slide, tiles, out: Path, settings: EmbedSettings):
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = embed_slide_remote(
+        slide, "rect", tiles, out / "embeddings.zarr", out / "metrics.json", settings
+    )
+    return (*load_embeddings(out / "embeddings.zarr"), metrics)
+
+
+@pytest.fixture(scope="module")
+def local_features(tmp_path_factory, rect_slide, rect_tiles, checkpoint):
+    out = tmp_path_factory.mktemp("local")
+    settings = EmbedSettings(
+        model="timm:test_vit", checkpoint=checkpoint, precision="fp32",
+        output_dtype="float32", workers=1, batch_size=8,
+    )  # fmt: skip
+    embed_slide(rect_slide, "rect", rect_tiles, out / "e.zarr", out / "m.json", settings)
+    features, coords, _ = load_embeddings(out / "e.zarr")
+    return features, coords
+
+
+def test_slidesnake_serve_gives_the_local_backends_features(
+    tmp_path, rect_slide, rect_tiles, uint8_server, local_features
+):
+    features, coords, attrs, metrics = embed_remote(
+        rect_slide, rect_tiles, tmp_path, remote_settings(uint8_server.url, "test_vit")
+    )
+    np.testing.assert_array_equal(coords, local_features[1])
+    np.testing.assert_allclose(features, local_features[0], rtol=1e-4, atol=1e-4)
+    assert attrs["backend"] == "remote" and attrs["server_model"] == "test_vit"
+    assert metrics["backend"] == "remote" and metrics["tiles"] == len(coords) == 80
+    assert metrics["requests"] >= 10 and metrics["latency_p50_s"] > 0
+    assert metrics["retries"] == 0 and metrics["server_model_versions"] == ["1"]
+
+
+def test_a_normalised_fp32_server_gives_the_local_backends_features(
+    tmp_path, rect_slide, rect_tiles, slow_fp32_server, local_features
+):
+    settings = remote_settings(slow_fp32_server.url, "fp32", max_concurrency=4)
+    features, coords, attrs, _ = embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    np.testing.assert_array_equal(coords, local_features[1])
+    np.testing.assert_allclose(features, local_features[0], rtol=1e-4, atol=1e-4)
+    assert "FP32 [-1, 3, 224, 224]" in attrs["server_io"]
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_the_server_never_holds_more_requests_than_max_concurrency(
+    tmp_path, rect_slide, rect_tiles, serve_python, checkpoint, concurrency
+):
+    server = fp32_server(serve_python, checkpoint, tmp_path, delay_s=0.2).start()
+    try:
+        settings = remote_settings(server.url, "fp32", max_concurrency=concurrency)
+        embed_remote(rect_slide, rect_tiles, tmp_path / "out", settings)
+    finally:
+        server.kill()
+    seen = stats(server)
+    assert seen["requests"] >= 10
+    assert seen["max_in_flight"] <= concurrency
+    if concurrency > 1:
+        assert seen["max_in_flight"] > 1
+
+
+def kill_when_busy(server: Server, requests: int) -> threading.Thread:
+    def watch() -> None:
+        while stats(server)["requests"] < requests:
+            time.sleep(0.05)
+        server.kill()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_server_killed_mid_slide_fails_the_slide_with_the_url_and_last_error(
+    tmp_path, rect_slide, rect_tiles, serve_python, checkpoint
+):
+    server = fp32_server(serve_python, checkpoint, tmp_path, delay_s=0.2).start()
+    watcher = kill_when_busy(server, 3)
+    settings = remote_settings(server.url, "fp32", max_concurrency=1, retries=2)
+    with pytest.raises(RemoteError, match="failed after 3 attempts") as error:
+        embed_remote(rect_slide, rect_tiles, tmp_path / "out", settings)
+    watcher.join()
+    assert server.url in str(error.value) and "ConnectError" in str(error.value)
+    assert not (tmp_path / "out" / "embeddings.zarr").exists()  # nothing half-written
+
+
+def test_a_server_restarted_within_the_retries_finishes_the_slide(
+    tmp_path, rect_slide, rect_tiles, serve_python, checkpoint, local_features
+):
+    server = fp32_server(serve_python, checkpoint, tmp_path, delay_s=0.2).start()
+    watcher = kill_when_busy(server, 3)
+
+    def restart() -> None:
+        watcher.join()
+        server.start()
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    restarter.start()
+    # retries 7: at least 0.25 + 0.5 + ... + 16 s = 31 s of backoff, longer than a restart
+    settings = remote_settings(server.url, "fp32", max_concurrency=1, retries=7)
+    try:
+        features, _, _, metrics = embed_remote(rect_slide, rect_tiles, tmp_path / "out", settings)
+    finally:
+        restarter.join()
+        server.kill()
+    assert metrics["retries"] > 0
+    np.testing.assert_allclose(features, local_features[0], rtol=1e-4, atol=1e-4)
+
+
+class Gateway(BaseHTTPRequestHandler):
+    """A bearer-token gateway in front of a server, as sites put one in front of Triton."""
+
+    upstream = ""
+
+    def _forward(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        answer = httpx.request(self.command, self.upstream + self.path, content=body,
+                               headers=headers)  # fmt: skip
+        self.send_response(answer.status_code)
+        for key in ("Content-Type", "Inference-Header-Content-Length"):
+            if key in answer.headers:
+                self.send_header(key, answer.headers[key])
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_GET = do_POST = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def gateway(uint8_server):
+    Gateway.upstream = uint8_server.url
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_the_token_is_sent_and_never_written(
+    tmp_path, rect_slide, rect_tiles, gateway, monkeypatch, caplog
+):
+    monkeypatch.setenv("SLIDE_TOKEN", TOKEN)
+    settings = remote_settings(gateway, "test_vit", token_env="SLIDE_TOKEN")
+    embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "metrics.json" for p in written)
+    assert not [p for p in written if TOKEN.encode() in p.read_bytes()]
+    assert TOKEN not in caplog.text
+
+
+def test_a_refused_token_fails_at_once_naming_the_variable_not_the_token(
+    tmp_path, rect_slide, rect_tiles, gateway, monkeypatch
+):
+    monkeypatch.setenv("SLIDE_TOKEN", "wrong-" + TOKEN)
+    settings = remote_settings(gateway, "test_vit", token_env="SLIDE_TOKEN", retries=5)
+    started = time.monotonic()
+    with pytest.raises(RemoteRefusedError, match=r"refused the token in \$SLIDE_TOKEN \(HTTP 401"):
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    assert time.monotonic() - started < 5  # not retried
+    with pytest.raises(RemoteRefusedError) as error:
+        embed_remote(rect_slide, rect_tiles, tmp_path, remote_settings(gateway, "test_vit"))
+    assert "without a token (set remote.token_env)" in str(error.value)
+    assert TOKEN not in str(error.value)
+
+
+def test_an_unknown_model_is_a_config_error(tmp_path, rect_slide, rect_tiles, uint8_server):
+    settings = remote_settings(uint8_server.url, "uni", ready_timeout_s=2)
+    # PyTriton keeps Triton's repository index (which lists the models) behind its own token
+    with pytest.raises(ConfigError, match=r"has no model 'uni' ready.*; check remote.model"):
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "served", "message"),
+    [
+        ("h-optimus-0", "test_vit", "'h-optimus-0' gives 1536-d features, the server 64"),
+        ("timm:test_vit", "nhwc_fp32", r"sends tiles as UINT8 \[-1, H, W, 3\] or normalised"),
+    ],
+)
+def test_a_model_that_does_not_fit_is_a_config_error_before_any_tile_is_read(
+    tmp_path, rect_slide, rect_tiles, uint8_server, slow_fp32_server, model_name, served, message
+):
+    url = uint8_server.url if served == "test_vit" else slow_fp32_server.url
+    settings = remote_settings(url, served)
+    settings = EmbedSettings(**{**settings.__dict__, "model": model_name})
+    with pytest.raises(ConfigError, match=message) as error:
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    assert url in str(error.value) and f"'{served}'" in str(error.value)
+
+
+def test_a_server_that_never_answers_fails_on_the_timeout(tmp_path, rect_slide, rect_tiles):
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    settings = remote_settings(url, "test_vit", timeout_s=1)
+    with pytest.raises(RemoteError, match=r"did not answer within remote.timeout_s \(1 s\)"):
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    listener.close()
+
+
+def test_a_server_that_is_not_there_fails_after_the_ready_timeout(tmp_path, rect_slide, rect_tiles):
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    settings = remote_settings(url, "test_vit", ready_timeout_s=1)
+    with pytest.raises(RemoteError, match=r"server was not ready within remote.ready_timeout_s"):
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)

@@ -8,7 +8,7 @@ CORES ?= all
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: install serve-env demo test lint bench bench-slurm gpu-check clean
+.PHONY: install serve-env demo test lint bench bench-slurm bench-remote gpu-check clean
 
 install: $(STAMP)
 
@@ -57,6 +57,9 @@ bench: install
 # Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).
 bench-slurm: install
 	$(BIN)/python benchmarks/slurm_cohort.py
+
+bench-remote: install serve-env
+	$(BIN)/python benchmarks/remote_backend.py
 
 gpu-check: install
 	benchmarks/gpu_check.sh

@@ -7,11 +7,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from slidesnake.cohort.demo import write_demo_slides
 from slidesnake.cohort.jobs import run_job
-from slidesnake.embed.settings import DEMO, EmbedSettings
+from slidesnake.embed.settings import DEMO, EmbedSettings, RemoteSettings
 from slidesnake.slides.synthetic import BENCH_SLIDES, random_blobs, write_slide
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
@@ -56,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     embed.add_argument("tiles", help="the slide's tiles.parquet")
     embed.add_argument("outdir", help="where embeddings.zarr and metrics.json go")
     _add_model_arguments(embed)
+    remote = embed.add_argument_group("remote backend (config keys remote.*)")
+    remote.add_argument("--url", help="an inference server: embed there, not here")
+    remote.add_argument("--server-model", help="the model's name on the server")
+    remote.add_argument("--max-concurrency", type=int, default=RemoteSettings.max_concurrency)
+    remote.add_argument("--token-env", help="environment variable holding a bearer token")
 
     export = commands.add_parser("export-h5", help="embeddings.zarr as TRIDENT/CLAM's .h5")
     export.add_argument("zarr")
@@ -121,17 +127,29 @@ def _settings(args: argparse.Namespace) -> EmbedSettings:
 
 
 def _embed(args: argparse.Namespace) -> None:
-    from slidesnake.embed.loop import embed_slide
-
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
+    settings = _settings(args)
+    if args.url:
+        from slidesnake.remote.loop import embed_slide_remote as embed_slide
+
+        remote = RemoteSettings(
+            url=args.url,
+            model=args.server_model or "slidesnake",
+            max_concurrency=args.max_concurrency,
+            batch_size=args.batch_size,
+            token_env=args.token_env,
+        )
+        settings = replace(settings, backend="remote", remote=remote)
+    else:
+        from slidesnake.embed.loop import embed_slide
     embed_slide(
         args.slide,
         Path(args.slide).stem,
         args.tiles,
         out / "embeddings.zarr",
         out / "metrics.json",
-        _settings(args),
+        settings,
     )
 
 

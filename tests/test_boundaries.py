@@ -2,7 +2,9 @@
 
 Each subpackage of `slidesnake` lists the rooms it may import; the modules at the top
 (`errors`, `atomic`) import nothing of ours, and only `cli` and `bench` import across
-the whole package. Function-level imports count too.
+the whole package. Function-level imports count too. `slidesnake/__init__.py` imports
+only `errors` at once, the rest on first use, so that the server's environment can import
+`slidesnake.serve`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MAY_IMPORT = {
     "embed": {"loader", "models", "tiling", "errors", "atomic"},
     "cohort": {"slides", "tiling", "embed", "errors", "atomic"},
     "cluster": {"errors"},
+    "remote": {"embed", "loader", "models", "tiling", "errors", "atomic"},
+    "serve": {"models", "errors"},
     "errors": set(),
     "atomic": set(),
 }
@@ -35,6 +39,9 @@ MUST_NOT_IMPORT = {
     "loader": {"torch.cuda", "timm"},
     "cohort": {"torch", "timm"},
     "cluster": {"torch", "timm"},
+    "remote": {"torch.cuda", "timm"},
+    # The server's environment has numpy 1 and none of zarr, OpenSlide, pandas, httpx.
+    "serve": {"zarr", "openslide", "pandas", "pyarrow", "httpx", "tifffile"},
 }
 
 

@@ -7,6 +7,7 @@ SLIDESNAKE_REQUIRE_SERVE=1 (CI) makes its absence a failure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,11 +17,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+import yaml
 from conftest import REPO
 from safetensors.torch import save_file
 
@@ -67,7 +71,16 @@ class Server:
         self.url = f"http://127.0.0.1:{self.ports[0]}"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> Server:
+    def start(self, attempts: int = 3) -> Server:
+        """Start the server and wait for its model; PyTriton's handshake with its model
+        sometimes fails on a loaded 2-core machine, so a server that dies starting is
+        started again."""
+        for _ in range(attempts):
+            if self._started():
+                return self
+        raise AssertionError(f"server did not start:\n{self.log.read_text()[-3000:]}")
+
+    def _started(self) -> bool:
         ports = [str(p) for p in self.ports]
         with self.log.open("a") as log:
             self.process = subprocess.Popen(
@@ -77,15 +90,15 @@ class Server:
                 start_new_session=True,
             )
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 if httpx.get(f"{self.url}/v2/models/{self.model}/ready").status_code == 200:
-                    return self
+                    return True
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise AssertionError(f"server not ready:\n{self.log.read_text()[-3000:]}")
+        self.kill()
+        return False
 
     def _port_args(self, ports: list[str]) -> list[str]:
         if "slidesnake.serve" in self.args:
@@ -93,7 +106,8 @@ class Server:
         return ["--ports", *ports]
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
-        os.killpg(self.process.pid, sig)
+        with contextlib.suppress(ProcessLookupError):  # the whole group has gone already
+            os.killpg(self.process.pid, sig)
         return self.process.wait(timeout=60)
 
 
@@ -271,11 +285,14 @@ class Gateway(BaseHTTPRequestHandler):
     """A bearer-token gateway in front of a server, as sites put one in front of Triton."""
 
     upstream = ""
+    faults: ClassVar[list[int]] = []  # statuses to answer the next inference requests with
 
     def _forward(self) -> None:
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            self.send_response(401)
-            self.end_headers()
+            self._answer(401)
+            return
+        if self.path.endswith("/infer") and self.faults:
+            self._answer(self.faults.pop(0))
             return
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
@@ -288,6 +305,14 @@ class Gateway(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(answer.content)))
         self.end_headers()
         self.wfile.write(answer.content)
+
+    def _answer(self, status: int) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(status)
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     do_GET = do_POST = _forward
 
@@ -314,6 +339,33 @@ def test_the_token_is_sent_and_never_written(
     assert any(p.name == "metrics.json" for p in written)
     assert not [p for p in written if TOKEN.encode() in p.read_bytes()]
     assert TOKEN not in caplog.text
+
+
+def test_busy_and_failing_answers_are_retried_and_retry_after_is_honoured(
+    tmp_path, rect_slide, rect_tiles, gateway, monkeypatch
+):
+    monkeypatch.setenv("SLIDE_TOKEN", TOKEN)
+    Gateway.faults = [429, 503, 502]
+    settings = remote_settings(gateway, "test_vit", token_env="SLIDE_TOKEN", retries=3,
+                               max_concurrency=1)  # fmt: skip
+    started = time.monotonic()
+    *_, metrics = embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    assert metrics["retries"] == 3 and metrics["tiles"] == 80
+    assert time.monotonic() - started > 1.0  # the 429's Retry-After: 1
+
+
+def test_a_request_too_large_says_to_lower_the_batch_size(
+    tmp_path, rect_slide, rect_tiles, gateway, monkeypatch
+):
+    monkeypatch.setenv("SLIDE_TOKEN", TOKEN)
+    Gateway.faults = [413]
+    settings = remote_settings(gateway, "test_vit", token_env="SLIDE_TOKEN", max_concurrency=1)
+    with pytest.raises(
+        RemoteError,
+        match=r"refused a request of 8 tiles as too large \(HTTP 413\); lower remote.batch_size",
+    ):
+        embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+    assert not (tmp_path / "embeddings.zarr").exists()
 
 
 def test_a_refused_token_fails_at_once_naming_the_variable_not_the_token(
@@ -372,3 +424,47 @@ def test_a_server_that_is_not_there_fails_after_the_ready_timeout(tmp_path, rect
     settings = remote_settings(url, "test_vit", ready_timeout_s=1)
     with pytest.raises(RemoteError, match=r"server was not ready within remote.ready_timeout_s"):
         embed_remote(rect_slide, rect_tiles, tmp_path, settings)
+
+
+@pytest.mark.workflow
+def test_a_cohort_outlives_its_server_being_killed_mid_slide(
+    workflow, rect_slide, serve_python, checkpoint, tmp_path
+):
+    """One slide's job loses the server and fails with its line; the server comes back and
+    the other slides finish. The embedding jobs hold an endpoint slot each, no GPU."""
+    server = fp32_server(serve_python, checkpoint, tmp_path, delay_s=0.2).start()
+    config = yaml.safe_load((workflow.dir / "config" / "config.yaml").read_text())
+    config["model"] |= {"backend": "remote", "checkpoint": None, "weights": "checkpoint"}
+    config["remote"] |= {"url": server.url, "model": "fp32", "batch_size": 8, "retries": 1,
+                         "max_concurrency": 2, "ready_timeout_s": 120}  # fmt: skip
+    (workflow.dir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    slides = [("a", rect_slide), ("b", rect_slide), ("c", rect_slide)]
+    workflow.sheet(slides)
+
+    dry = workflow.run("-n", "--resources", "endpoint=1")
+    assert "endpoint=1" in dry.stdout and "gpu=1" not in dry.stdout
+
+    killer = kill_when_busy(server, 3)
+
+    def restart_after_a_failure() -> None:
+        killer.join()
+        logs = workflow.dir / "logs" / "slides"
+        while not any(" ERROR " in p.read_text() for p in logs.glob("*/embed_tiles.log")):
+            time.sleep(0.2)
+        server.start()
+
+    restarter = threading.Thread(target=restart_after_a_failure, daemon=True)
+    restarter.start()
+    try:
+        result = workflow.run("--resources", "endpoint=1", check=False)
+    finally:
+        restarter.join(timeout=60)
+        server.kill()
+    assert result.returncode != 0
+    table = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t", index_col="slide_id")
+    failed = table[table["status"] == "failed"]
+    assert len(failed) == 1 and set(table["status"]) == {"done", "failed"}
+    assert f"inference server {server.url} failed after 2 attempts" in failed["reason"].iloc[0]
+    for slide_id in table.index[table["status"] == "done"]:
+        metrics = json.loads(workflow.result(slide_id, "metrics.json").read_text())
+        assert metrics["backend"] == "remote" and metrics["tiles"] == 80

@@ -5,6 +5,7 @@ Pure data without torch, so the command line and the workflow can read them chea
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 class RemoteSettings:
     """remote.* of the config: where the inference server is and how to talk to it."""
 
-    url: str
+    url: str | tuple[str, ...]  # several: one server per GPU, slides spread over them
     model: str
     max_concurrency: int = 8
     batch_size: int = 32
@@ -23,6 +24,13 @@ class RemoteSettings:
     ready_timeout_s: float = 600.0
     token_env: str | None = None
     verify_tls: bool = True
+
+    def server_for(self, slide_id: str) -> str:
+        """The server of this slide: the same one on every run, the slides of a cohort
+        spread evenly over the servers."""
+        if isinstance(self.url, str):
+            return self.url
+        return self.url[zlib.crc32(slide_id.encode()) % len(self.url)]
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,10 @@ class EmbedSettings:
         names = {f.name for f in fields(cls)} - {"remote"}
         settings = {k: v for k, v in flat.items() if k in names and v is not None}
         if settings.get("backend") == "remote":
-            remote = RemoteSettings(**config["remote"])
+            remote = dict(config["remote"])
+            if isinstance(remote["url"], list):
+                remote["url"] = tuple(remote["url"])
+            remote = RemoteSettings(**remote)
             settings |= {"remote": remote, "batch_size": remote.batch_size}
         return cls(**settings)
 

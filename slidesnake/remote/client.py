@@ -40,14 +40,14 @@ _RETRIED_STATUS = {429, 500, 502, 503, 504}
 class InferenceClient:
     """One server, one model; safe to share between the threads that send requests."""
 
-    def __init__(self, settings: RemoteSettings) -> None:
+    def __init__(self, settings: RemoteSettings, url: str) -> None:
         self.settings = settings
-        self.url = redact(settings.url)
+        self.url = redact(url)
         headers = {}
         if (token := read_token(settings.token_env)) is not None:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(
-            base_url=settings.url.rstrip("/"),
+            base_url=url.rstrip("/"),
             headers=headers,
             timeout=settings.timeout_s,
             verify=settings.verify_tls,

@@ -53,7 +53,7 @@ def embed_slide_remote(
     remote = settings.remote
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)
-    client = InferenceClient(remote)
+    client = InferenceClient(remote, remote.server_for(slide_id))
     try:
         client.wait_ready()
         metadata = client.metadata()

@@ -1,7 +1,9 @@
-"""`slidesnake serve`: the project's embedder behind Triton Inference Server (PyTriton).
+"""Serve: `slidesnake serve`, the project's embedder behind Triton Inference Server
+(NVIDIA PyTriton).
 
 Runs in its own environment (`make serve-env`): PyTriton pins numpy<2, the rest of the
-project needs numpy 2, and the server needs only torch, timm and `slidesnake.models`.
+project needs numpy 2. Imports only `models` and `errors`, never zarr, OpenSlide or
+pandas, which that environment does not have.
 """
 
 import os

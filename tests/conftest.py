@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from slidesnake.slides.synthetic import Rect, random_blobs, write_slide
@@ -28,6 +29,14 @@ TEST_MODEL = {
     "model": {"name": "timm:test_vit", "weights": "random", "precision": "fp32", "batch_size": 32},
     "loader": {"workers": 1},
 }
+
+
+class ChannelGrid(torch.nn.Module):
+    """An informative test model: the mean of each channel over a 4 x 4 grid of the tile,
+    (B, 3, S, S) -> (B, 48), so a wrong pixel, position or channel changes the features."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -25,7 +25,8 @@ MAY_IMPORT = {
     "loader": {"slides", "tiling", "errors"},
     "models": {"errors"},
     "embed": {"loader", "models", "tiling", "errors", "atomic"},
-    "cohort": {"slides", "tiling", "embed", "errors", "atomic"},
+    "cohort": {"slides", "tiling", "embed", "aggregate", "errors", "atomic"},
+    "aggregate": {"embed", "tiling", "models", "errors", "atomic"},
     "cluster": {"errors"},
     "remote": {"embed", "loader", "models", "tiling", "errors", "atomic"},
     "serve": {"models", "errors"},
@@ -40,6 +41,7 @@ MUST_NOT_IMPORT = {
     "cohort": {"torch", "timm"},
     "cluster": {"torch", "timm"},
     "remote": {"torch.cuda", "timm"},
+    "aggregate": {"torch.cuda", "timm"},
     # The server's environment has numpy 1 and none of zarr, OpenSlide, pandas, httpx.
     "serve": {"zarr", "openslide", "pandas", "pyarrow", "httpx", "tifffile"},
 }

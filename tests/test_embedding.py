@@ -21,6 +21,7 @@ import openslide
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ChannelGrid
 
 from slidesnake import ModelError, export_h5, load_embeddings
 from slidesnake.embed.loop import embed_slide
@@ -38,13 +39,6 @@ from slidesnake.tiling.tissue import TissueParams
 ON_CPU = not torch.cuda.is_available()
 MEAN = (0.6, 0.5, 0.7)
 STD = (0.2, 0.25, 0.15)
-
-
-class ChannelGrid(torch.nn.Module):
-    """Mean of each channel over a 4 x 4 grid of the tile: (B, 3, S, S) -> (B, 48)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.adaptive_avg_pool2d(x, 4).flatten(1)
 
 
 @pytest.fixture(scope="module")

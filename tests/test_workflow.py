@@ -4,6 +4,7 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPO, Workflow, jobs_run
 
@@ -41,8 +42,13 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
     assert len(read_tiles(workflow.result("rect", "tiles.parquet"))[0]) == 80
     cohort = (workflow.dir / "results" / "cohort.html").read_text()
     assert "2 of 2 slides done" in cohort and "<td>rect</td>" in cohort
+    assert "embedding_map.png" in cohort
+    slide_features = pd.read_parquet(workflow.dir / "results" / "slide_features.parquet")
+    assert list(slide_features["slide_id"]) == ["rect", "blobs"]  # a row per done slide
+    assert set(slide_features["pooling"]) == {"mean"} and "f0063" in slide_features
     workflow.run("--report", "report.html")
-    assert "cohort.html" in (workflow.dir / "report.html").read_text()
+    report = (workflow.dir / "report.html").read_text()
+    assert "cohort.html" in report and "embedding_maps.jpg" in report
     assert load_mask(workflow.result("blobs", "tissue_mask.png")).mpp == pytest.approx(8.0)
     before = mtimes(workflow, ["rect", "blobs"])
 
@@ -80,10 +86,24 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
     _, geometry = read_tiles(workflow.result("rect", "tiles.parquet"))
     assert geometry.stride == 112
 
-    # only a model setting changed: only embedding re-runs
+    # only a model setting changed: only embedding re-runs, and what follows from it
     remodelled = workflow.run("--config", "tiles={stride: 112}", "model={batch_size: 16}")
     assert jobs_run(remodelled, "make_tile_coords") == []
     assert jobs_run(remodelled, "embed_tiles") == ["blobs", "new", "rect"]
+    assert jobs_run(remodelled, "pool_slide") == ["blobs", "new", "rect"]
+
+    # only the pooling changed: only pooling re-runs
+    settings = ("tiles={stride: 112}", "model={batch_size: 16}", "slide={pooling: [mean, max]}")
+    repooled = workflow.run("--config", *settings)
+    assert jobs_run(repooled, "pool_slide") == ["blobs", "new", "rect"]
+    for rule in ("make_tissue_mask", "make_tile_coords", "embed_tiles", "draw_embedding_map"):
+        assert jobs_run(repooled, rule) == []
+    cohort = pd.read_parquet(workflow.dir / "results" / "slide_features.parquet")
+    assert sorted(cohort["slide_id"].unique()) == ["blobs", "new", "rect"]
+    rect = cohort[cohort["slide_id"] == "rect"].set_index("pooling").filter(regex=r"^f\d+$")
+    features, _, _ = load_embeddings(workflow.result("rect", "embeddings.zarr"))
+    np.testing.assert_allclose(rect.loc["mean"], features.astype(np.float64).mean(0), rtol=1e-5)
+    np.testing.assert_allclose(rect.loc["max"], features.max(0), rtol=1e-6)
 
 
 def test_invalid_config_stops_before_any_job(workflow, rect_slide):

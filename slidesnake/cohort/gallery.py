@@ -22,6 +22,7 @@ CELL_PX = 256
 LABEL_PX = 18
 COLUMNS = 8
 QC_PICTURES = ("qc_mask.png", "qc_tiles.png")  # a slide's QC pictures, in stage order
+EMBEDDING_MAP = "embedding_map.png"
 STATUS_COLOUR = {"done": (40, 120, 40), "failed": (190, 30, 30), "pending": (110, 110, 110)}
 
 
@@ -34,15 +35,23 @@ def gallery_rows(table: pd.DataFrame, limit: int = GALLERY_SLIDES) -> pd.DataFra
     return pd.concat([failed, rest.iloc[spread]])
 
 
-def qc_picture(results: Path, slide_id: str) -> Path | None:
-    """The slide's most finished QC picture: the kept tiles, else the tissue outline."""
-    for name in reversed(QC_PICTURES):
+def qc_picture(
+    results: Path, slide_id: str, pictures: tuple[str, ...] = QC_PICTURES
+) -> Path | None:
+    """The slide's most finished picture of `pictures` (in stage order): for the QC ones,
+    the kept tiles, else the tissue outline."""
+    for name in reversed(pictures):
         if (results / slide_id / name).is_file():
             return results / slide_id / name
     return None
 
 
-def write_gallery(table: pd.DataFrame, results: str | Path, path: str | Path) -> None:
+def write_gallery(
+    table: pd.DataFrame,
+    results: str | Path,
+    path: str | Path,
+    pictures: tuple[str, ...] = QC_PICTURES,
+) -> None:
     """Write the contact sheet of `table`'s slides (a cohort table) as a JPEG."""
     rows = gallery_rows(table)
     columns = min(COLUMNS, max(len(rows), 1))
@@ -51,7 +60,7 @@ def write_gallery(table: pd.DataFrame, results: str | Path, path: str | Path) ->
     draw = ImageDraw.Draw(sheet)
     for index, row in enumerate(rows.itertuples()):
         left, top = (index % columns) * CELL_PX, (index // columns) * (CELL_PX + LABEL_PX)
-        picture = qc_picture(Path(results), row.slide_id)
+        picture = qc_picture(Path(results), row.slide_id, pictures)
         if picture is not None:
             with Image.open(picture) as image:
                 image.thumbnail((CELL_PX - 4, CELL_PX - 4))

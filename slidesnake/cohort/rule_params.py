@@ -60,3 +60,8 @@ def _canonical(settings: object) -> dict[str, Any]:
             value = [float(item) for item in value]
         values[field.name] = value
     return values
+
+
+def slide_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a slide's features: the poolings in order and the encoder program."""
+    return {"pooling": list(config["slide"]["pooling"]), "encoder": config["slide"]["encoder"]}

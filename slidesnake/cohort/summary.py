@@ -19,8 +19,9 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from slidesnake.aggregate.cohort_features import SLIDE_FEATURES, gather_slide_features
 from slidesnake.atomic import atomic_output
-from slidesnake.cohort.gallery import QC_PICTURES, write_gallery
+from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
 
 COLUMNS = ["slide_id", "status", "reason", "tiles", "wall_s", "tiles_per_s", "loader_wait_fraction"]
@@ -76,7 +77,8 @@ def write_cohort_summary(
     since: float | None = None,
 ) -> pd.DataFrame:
     """Write the summary of the run started at `since` into `results`: cohort.tsv, the
-    same table as cohort.html with links to each slide's pictures, and the gallery."""
+    same table as cohort.html with links to each slide's pictures, the galleries of QC
+    pictures and of embedding maps, and the slide features of the done slides."""
     results = Path(results)
     table = cohort_table(slide_ids, results / "slides", logs, since)
     with atomic_output(results / "cohort.tsv") as tmp:
@@ -84,6 +86,9 @@ def write_cohort_summary(
     with atomic_output(results / "cohort.html") as tmp:
         tmp.write_text(cohort_html(table, results))
     write_gallery(table, results / "slides", results / "cohort_gallery.jpg")
+    done = table[table["status"] == "done"]
+    write_gallery(done, results / "slides", results / "embedding_maps.jpg", (EMBEDDING_MAP,))
+    gather_slide_features(done["slide_id"], results / "slides", results / SLIDE_FEATURES)
     return table
 
 
@@ -116,9 +121,10 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
 
 def picture_links(results: Path, slide_id: str) -> str:
     """Links, relative to results/, to the slide's QC pictures that are on disk."""
+    names = {**{name: name[3:-4] for name in QC_PICTURES}, EMBEDDING_MAP: "embedding map"}
     return " ".join(
-        f'<a href="slides/{quote(slide_id)}/{name}">{name[3:-4]}</a>'
-        for name in QC_PICTURES
+        f'<a href="slides/{quote(slide_id)}/{name}">{label}</a>'
+        for name, label in names.items()
         if (results / "slides" / slide_id / name).is_file()
     )
 

@@ -73,6 +73,12 @@ def load_embeddings(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str,
     Only a finished store: a job's hidden temporary (`.embeddings.zarr.tmp-<pid>`) may be
     half-written, and attributes are written last, so a store without them is unfinished.
     """
+    group = open_embeddings(path)
+    return group["features"][:], group["coords"][:], dict(group.attrs)
+
+
+def open_embeddings(path: str | Path) -> zarr.Group:
+    """A finished store opened for reading, its arrays not read: for reading in chunks."""
     path = Path(path)
     if path.name.startswith(".") and ".tmp-" in path.name:
         raise EmbeddingsError(
@@ -81,10 +87,11 @@ def load_embeddings(path: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str,
         )
     try:
         group = zarr.open_group(str(path), mode="r")
-        attributes = dict(group.attrs)
-        if not attributes:
+        if not dict(group.attrs):
             raise EmbeddingsError(f"{path} is not a finished embeddings store (no attributes)")
-        return group["features"][:], group["coords"][:], attributes
+        if not {"features", "coords"} <= set(group.array_keys()):
+            raise KeyError("features or coords")
+        return group
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as err:
         raise EmbeddingsError(
             f"{path} is not an embeddings store slidesnake wrote ({type(err).__name__})"

@@ -5,6 +5,7 @@ RUN_STARTED = time.time()
 COHORT_FILES = {
     "results/cohort.html": "report/cohort.rst",
     "results/cohort_gallery.jpg": "report/gallery.rst",
+    "results/embedding_maps.jpg": "report/embedding_maps.rst",
 }
 
 

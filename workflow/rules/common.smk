@@ -9,7 +9,12 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 from slidesnake.cohort.config import check_config, typed_sections, with_defaults
-from slidesnake.cohort.rule_params import embedding_params, tile_params, tissue_params
+from slidesnake.cohort.rule_params import (
+    embedding_params,
+    slide_params,
+    tile_params,
+    tissue_params,
+)
 from slidesnake.cohort.samples import (
     SLIDE_ID_WILDCARD,
     read_sample_sheet,
@@ -56,7 +61,13 @@ def cohort_targets():
     return expand(
         "results/slides/{slide_id}/{name}",
         slide_id=samples.index,
-        name=["qc_tiles.png", "embeddings.zarr", "metrics.json"],
+        name=[
+            "qc_tiles.png",
+            "embeddings.zarr",
+            "metrics.json",
+            "slide_features.parquet",
+            "embedding_map.png",
+        ],
     )
 
 
@@ -112,6 +123,16 @@ def cpu_stages_group(wildcards):
     """The group that batches the CPU stages of many slides in one SLURM submission
     (the profile's group-components), or none for a slide that failed last time."""
     return None if wildcards.slide_id in FAILED_LAST_RUN else "cpu_stages"
+
+
+def slide_features_group(wildcards):
+    """As cpu_stages_group, for the stages after the embedding (pooling, the map)."""
+    return None if wildcards.slide_id in FAILED_LAST_RUN else "slide_features"
+
+
+def slide_encoder_input(wildcards):
+    """The slide encoder program, an input when there is one: replacing it re-runs pooling."""
+    return config["slide"]["encoder"] or []
 
 
 def watch_slurm_jobs():

@@ -1,0 +1,30 @@
+"""results/slide_features.parquet: the slide features of every done slide of the cohort,
+gathered after each run with the cohort summary (a rule downstream of every slide would
+never run while one slide fails). No torch, no zarr: the workflow's main process runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from slidesnake.atomic import atomic_output
+
+SLIDE_FEATURES = "slide_features.parquet"
+
+
+def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) -> int:
+    """Write the rows of `slide_ids` that have their slide_features.parquet; returns how
+    many slides it holds. Columns of features missing from a slide (a narrower encoder
+    vector) are NaN."""
+    tables = [
+        pd.read_parquet(slides / slide_id / SLIDE_FEATURES)
+        for slide_id in slide_ids
+        if (slides / slide_id / SLIDE_FEATURES).is_file()
+    ]
+    if not tables:
+        return 0
+    with atomic_output(path) as tmp:
+        pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
+    return len(tables)

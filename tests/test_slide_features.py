@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ChannelGrid
 
+from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.aggregate.embedding_map import RANDOM_WEIGHTS_NOTE, draw_embedding_map
 from slidesnake.aggregate.encoder import encode_slide
 from slidesnake.aggregate.pooling import POOLINGS, pool_features
@@ -193,3 +194,21 @@ def test_the_embedding_map_of_a_real_slide_colours_stains_apart(tmp_path, shared
     distance = np.linalg.norm(colours[purple].mean(0) - colours[pink].mean(0))
     spread = np.linalg.norm(colours[purple].std(0)) + np.linalg.norm(colours[pink].std(0))
     assert len(tiles) >= 20 and distance > 60 and distance > spread / 2, (distance, spread)
+
+
+def test_the_cohort_projection_puts_two_kinds_of_slide_apart(tmp_path):
+    rng = np.random.default_rng(4)
+    features = rng.normal(0, 0.1, size=(8, 12))
+    features[:4, 0] += 5.0  # slides a0..a3 differ from b0..b3 along one direction
+    table = pd.DataFrame(features, columns=[f"f{i:04d}" for i in range(12)])
+    table.insert(0, "slide_id", [f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)])
+    table.insert(1, "pooling", "mean")
+    path = tmp_path / "pca.png"
+    assert draw_cohort_projection(table, path)
+    picture = load_picture(path)
+    dots = np.argwhere((picture == [40, 90, 200]).all(axis=-1))
+    columns = np.unique(dots[:, 1])
+    gaps = np.diff(columns)
+    assert gaps.max() > 0.5 * picture.shape[1]  # two groups of dots, far apart in x
+    assert not draw_cohort_projection(table.head(2), tmp_path / "two.png")
+    assert not (tmp_path / "two.png").exists()

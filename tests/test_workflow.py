@@ -104,6 +104,7 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
     features, _, _ = load_embeddings(workflow.result("rect", "embeddings.zarr"))
     np.testing.assert_allclose(rect.loc["mean"], features.astype(np.float64).mean(0), rtol=1e-5)
     np.testing.assert_allclose(rect.loc["max"], features.max(0), rtol=1e-6)
+    assert (workflow.dir / "results" / "slide_features_pca.png").stat().st_size > 0
 
 
 def test_invalid_config_stops_before_any_job(workflow, rect_slide):

@@ -14,9 +14,9 @@ from slidesnake.atomic import atomic_output
 SLIDE_FEATURES = "slide_features.parquet"
 
 
-def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) -> int:
-    """Write the rows of `slide_ids` that have their slide_features.parquet; returns how
-    many slides it holds. Columns of features missing from a slide (a narrower encoder
+def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) -> pd.DataFrame:
+    """Write the rows of `slide_ids` that have their slide_features.parquet, and return
+    them (empty: no file). Columns of features missing from a slide (a narrower encoder
     vector) are NaN."""
     tables = [
         pd.read_parquet(slides / slide_id / SLIDE_FEATURES)
@@ -24,7 +24,8 @@ def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) ->
         if (slides / slide_id / SLIDE_FEATURES).is_file()
     ]
     if not tables:
-        return 0
+        return pd.DataFrame()
+    table = pd.concat(tables, ignore_index=True)
     with atomic_output(path) as tmp:
-        pd.concat(tables, ignore_index=True).to_parquet(tmp, index=False)
-    return len(tables)
+        table.to_parquet(tmp, index=False)
+    return table

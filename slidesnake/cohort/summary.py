@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from slidesnake.aggregate.cohort_features import SLIDE_FEATURES, gather_slide_features
+from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.atomic import atomic_output
 from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
@@ -88,7 +89,9 @@ def write_cohort_summary(
     write_gallery(table, results / "slides", results / "cohort_gallery.jpg")
     done = table[table["status"] == "done"]
     write_gallery(done, results / "slides", results / "embedding_maps.jpg", (EMBEDDING_MAP,))
-    gather_slide_features(done["slide_id"], results / "slides", results / SLIDE_FEATURES)
+    features = gather_slide_features(done["slide_id"], results / "slides", results / SLIDE_FEATURES)
+    if not features.empty:
+        draw_cohort_projection(features, results / "slide_features_pca.png")
     return table
 
 

@@ -6,6 +6,7 @@ COHORT_FILES = {
     "results/cohort.html": "report/cohort.rst",
     "results/cohort_gallery.jpg": "report/gallery.rst",
     "results/embedding_maps.jpg": "report/embedding_maps.rst",
+    "results/slide_features_pca.png": "report/slide_features_pca.rst",
 }
 
 

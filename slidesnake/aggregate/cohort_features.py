@@ -29,3 +29,23 @@ def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) ->
     with atomic_output(path) as tmp:
         table.to_parquet(tmp, index=False)
     return table
+
+
+SLIDE_PREDICTION = "slide_prediction.tsv"
+
+
+def gather_slide_predictions(slide_ids: Iterable[str], slides: Path, path: Path) -> int:
+    """Write results/slide_predictions.tsv: the slide predictions of `slide_ids` that have
+    one, a row per slide and method; returns how many slides it holds."""
+    tables = [
+        pd.read_csv(slides / slide_id / SLIDE_PREDICTION, sep="\t").assign(slide_id=slide_id)
+        for slide_id in slide_ids
+        if (slides / slide_id / SLIDE_PREDICTION).is_file()
+    ]
+    if not tables:
+        return 0
+    table = pd.concat(tables, ignore_index=True)
+    table = table[["slide_id", *(c for c in table.columns if c != "slide_id")]]
+    with atomic_output(path) as tmp:
+        table.to_csv(tmp, sep="\t", index=False)
+    return len(tables)

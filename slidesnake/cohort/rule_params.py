@@ -65,3 +65,9 @@ def _canonical(settings: object) -> dict[str, Any]:
 def slide_params(config: Mapping[str, Any]) -> dict[str, Any]:
     """What decides a slide's features: the poolings in order and the encoder program."""
     return {"pooling": list(config["slide"]["pooling"]), "encoder": config["slide"]["encoder"]}
+
+
+def head_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a slide's predictions besides its embeddings: the head and its labels."""
+    head = config["head"]
+    return {key: head[key] for key in ("checkpoint", "classes", "activation")}

@@ -19,7 +19,11 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from slidesnake.aggregate.cohort_features import SLIDE_FEATURES, gather_slide_features
+from slidesnake.aggregate.cohort_features import (
+    SLIDE_FEATURES,
+    gather_slide_features,
+    gather_slide_predictions,
+)
 from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.atomic import atomic_output
 from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
@@ -92,6 +96,9 @@ def write_cohort_summary(
     features = gather_slide_features(done["slide_id"], results / "slides", results / SLIDE_FEATURES)
     if not features.empty:
         draw_cohort_projection(features, results / "slide_features_pca.png")
+    gather_slide_predictions(
+        done["slide_id"], results / "slides", results / "slide_predictions.tsv"
+    )
     return table
 
 

@@ -192,6 +192,14 @@ def _random_network(spec: ModelSpec, input_size: int, device: torch.device) -> t
             return build_network(spec, input_size)
 
 
+def embedding_width(spec: ModelSpec, input_size: int) -> int | None:
+    """The model's feature width before any weights load: the registry's, or a meta pass
+    for a timm architecture; None for a program, known only once it runs."""
+    if spec.dim is not None:
+        return spec.dim
+    return _meta_width(spec, input_size) if spec.architecture is not None else None
+
+
 def _meta_width(spec: ModelSpec, input_size: int) -> int:
     """The width of a `timm:` architecture, from a pass over shapes only (no memory)."""
     with torch.device("meta"):

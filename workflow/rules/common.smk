@@ -11,6 +11,7 @@ from snakemake.utils import validate
 from slidesnake.cohort.config import check_config, typed_sections, with_defaults
 from slidesnake.cohort.rule_params import (
     embedding_params,
+    head_params,
     slide_params,
     tile_params,
     tissue_params,
@@ -23,12 +24,27 @@ from slidesnake.cohort.samples import (
 from slidesnake.cohort.summary import failed_slides, write_cohort_summary
 from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.errors import SlidesnakeError
-from slidesnake.models.registry import check_model_config
+from slidesnake.models.registry import check_model_config, model_spec
 
 
 def load_yaml(path):
     with open(path) as f:
         return yaml.safe_load(f)
+
+
+def check_head_config(config):
+    """A head that does not fit the model stops the run before any job. Only with a head:
+    the model's width may take torch and timm to find."""
+    if not config["head"]["checkpoint"]:
+        return
+    from slidesnake.aggregate.head import check_head_fits
+    from slidesnake.models.embedder import embedding_width
+
+    model = config["model"]
+    spec = model_spec(model["name"], model["mean"], model["std"])
+    local = model["backend"] == "local"
+    width = embedding_width(spec, config["tiles"]["size"]) if local else None
+    check_head_fits(config["head"], width)
 
 
 try:
@@ -41,6 +57,7 @@ try:
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:
         check_model_config(config["model"], config["tiles"], config["remote"])
+        check_head_config(config)
     samples = read_sample_sheet(config["samples"])
 except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
@@ -58,16 +75,17 @@ def cohort_targets():
     """Every per-slide output the cohort needs. Per-slide outputs and logs live under
     slides/, so that no slide id can name a cohort output (results/cohort.tsv) or log.
     """
+    names = [
+        "qc_tiles.png",
+        "embeddings.zarr",
+        "metrics.json",
+        "slide_features.parquet",
+        "embedding_map.png",
+    ]
+    if config["head"]["checkpoint"]:
+        names += ["predictions.parquet", "slide_prediction.tsv", "heatmaps.png"]
     return expand(
-        "results/slides/{slide_id}/{name}",
-        slide_id=samples.index,
-        name=[
-            "qc_tiles.png",
-            "embeddings.zarr",
-            "metrics.json",
-            "slide_features.parquet",
-            "embedding_map.png",
-        ],
+        "results/slides/{slide_id}/{name}", slide_id=samples.index, name=names
     )
 
 
@@ -128,6 +146,11 @@ def cpu_stages_group(wildcards):
 def slide_features_group(wildcards):
     """As cpu_stages_group, for the stages after the embedding (pooling, the map)."""
     return None if wildcards.slide_id in FAILED_LAST_RUN else "slide_features"
+
+
+def head_input(wildcards):
+    """The head's file, an input when there is one: replacing it re-runs the predictions."""
+    return config["head"]["checkpoint"] or []
 
 
 def slide_encoder_input(wildcards):

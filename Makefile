@@ -34,8 +34,11 @@ demo: install
 	@echo "Done. Per slide, under results/slides/<slide_id>/:"
 	@echo "  tissue_mask.png  qc_mask.png (tissue outline)  tiles.parquet  qc_tiles.png (kept tiles)"
 	@echo "  embeddings.zarr (features, coords)  metrics.json (tiles/s, loader wait, memory)"
-	@echo "Cohort: results/cohort.tsv, results/cohort.html (links each slide's QC pictures),"
-	@echo "  results/cohort_gallery.jpg, and all of it in results/report.html (open it in a browser)"
+	@echo "  slide_features.parquet (mean pooling)  embedding_map.png (principal components)"
+	@echo "Cohort: results/cohort.tsv, results/cohort.html (links each slide's pictures),"
+	@echo "  results/slide_features.parquet (a row per slide), results/cohort_gallery.jpg,"
+	@echo "  results/embedding_maps.jpg, results/slide_features_pca.png, and all of it in"
+	@echo "  results/report.html (open it in a browser)"
 
 test: install
 	$(BIN)/pytest

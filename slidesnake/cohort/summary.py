@@ -131,7 +131,8 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
 
 def picture_links(results: Path, slide_id: str) -> str:
     """Links, relative to results/, to the slide's QC pictures that are on disk."""
-    names = {**{name: name[3:-4] for name in QC_PICTURES}, EMBEDDING_MAP: "embedding map"}
+    names = {name: name[3:-4] for name in QC_PICTURES}
+    names |= {EMBEDDING_MAP: "embedding map", "heatmaps.png": "heatmaps"}
     return " ".join(
         f'<a href="slides/{quote(slide_id)}/{name}">{label}</a>'
         for name, label in names.items()

@@ -2,18 +2,25 @@
 
 from slidesnake.cohort.jobs import run_job
 from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.regions import read_regions
 from slidesnake.tiling.stages import make_tile_coords
 
-run_job(
-    lambda: make_tile_coords(
+
+def tile() -> None:
+    slide_id, roi = snakemake.wildcards.slide_id, snakemake.params.tiles.get("roi")
+    classes = snakemake.config["roi"]
+    regions = read_regions(roi, slide_id, classes["include"], classes["exclude"]) if roi else None
+    make_tile_coords(
         slide_path=snakemake.params.slide,
-        slide_id=snakemake.wildcards.slide_id,
+        slide_id=slide_id,
         mask_path=snakemake.input.mask,
         mask_qc_path=snakemake.input.qc,
         tiles_path=snakemake.output.tiles,
         qc_path=snakemake.output.qc,
         params=TileParams.from_mapping(snakemake.config["tiles"]),
-    ),
-    log_path=snakemake.log[0],
-    slide_id=snakemake.wildcards.slide_id,
-)
+        regions=regions,
+        regions_path=roi,
+    )
+
+
+run_job(tile, log_path=snakemake.log[0], slide_id=snakemake.wildcards.slide_id)

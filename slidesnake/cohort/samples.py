@@ -30,7 +30,8 @@ SLIDE_ID_WILDCARD = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
 
 
 def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFrame:
-    """Read a TSV with `slide_id`, `path` and optional `mpp`, indexed by slide id.
+    """Read a TSV with `slide_id`, `path`, optional `mpp` and optional `roi` (a GeoJSON
+    of regions to tile), indexed by slide id.
 
     Relative slide paths are taken from `base_dir` (Snakemake's working directory). Lines
     whose first cell starts with '#' are comments.
@@ -46,8 +47,9 @@ def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFr
             "it needs tab-separated 'slide_id' and 'path' (and optionally 'mpp')"
         )
     sheet = sheet[~sheet["slide_id"].str.startswith("#")]
-    if "mpp" not in sheet.columns:
-        sheet = sheet.assign(mpp="")
+    for optional in ("mpp", "roi"):
+        if optional not in sheet.columns:
+            sheet = sheet.assign(**{optional: ""})
     problems = _problems(sheet, Path(base_dir))
     if problems:
         raise SampleSheetError(f"sample sheet {path}:\n  " + "\n  ".join(problems))

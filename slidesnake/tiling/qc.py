@@ -17,15 +17,16 @@ from slidesnake.atomic import atomic_output
 from slidesnake.tiling.mask_file import TissueMask
 
 CONTOUR = np.array([0, 170, 0], np.uint8)
+REGION = np.array([230, 120, 0], np.uint8)  # regions of interest: orange, apart from tissue
 TILE_FILL = np.array([40, 90, 255], np.float32)
 TILE_EDGE = np.array([20, 40, 160], np.uint8)
 
 
-def draw_mask_contour(rgb: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """The picture with the outline of the tissue drawn on it."""
+def draw_mask_contour(rgb: np.ndarray, mask: np.ndarray, colour=CONTOUR) -> np.ndarray:
+    """The picture with the outline of `mask` (the tissue, or the regions) drawn on it."""
     outline = mask & ~ndi.binary_erosion(mask, iterations=2)
     out = rgb.copy()
-    out[outline] = CONTOUR
+    out[outline] = colour
     return out
 
 

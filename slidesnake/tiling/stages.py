@@ -6,13 +6,21 @@ Each Snakemake rule script calls one of these; so can anyone without Snakemake.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from slidesnake.slides.lowres import read_lowres
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileParams, grid_tiles, tile_geometry
 from slidesnake.tiling.mask_file import TissueMask, load_mask, save_mask
-from slidesnake.tiling.qc import draw_mask_contour, draw_tiles, load_picture, save_picture
+from slidesnake.tiling.qc import (
+    REGION,
+    draw_mask_contour,
+    draw_tiles,
+    load_picture,
+    save_picture,
+)
+from slidesnake.tiling.regions import Regions, region_mask
 from slidesnake.tiling.tile_table import write_tiles
 from slidesnake.tiling.tissue import TissueParams, detect_tissue
 
@@ -70,9 +78,16 @@ def make_tile_coords(
     tiles_path: str | Path,
     qc_path: str | Path,
     params: TileParams,
+    regions: Regions | None = None,
+    regions_path: str | Path | None = None,
 ) -> int:
-    """Lay the tile grid, keep tiles on tissue, write tiles.parquet and its QC picture."""
+    """Lay the tile grid, keep tiles on tissue (inside `regions`, when given: the tissue
+    fraction then counts tissue inside them), write tiles.parquet and its QC picture."""
     mask = load_mask(mask_path)
+    inside = None
+    if regions is not None:
+        inside = region_mask(regions, mask, slide_id, regions_path)
+        mask = replace(mask, mask=mask.mask & inside)
     with Slide(slide_path, slide_id, mask.slide_mpp) as slide:
         read_level = slide.level_for_mpp(params.mpp)
         read_downsample = slide.levels[read_level].downsample
@@ -97,6 +112,9 @@ def make_tile_coords(
             read_level,
         )
     write_tiles(tiles, geometry, tiles_path)
-    picture = draw_tiles(load_picture(mask_qc_path), tiles, geometry.size_level0, mask)
+    picture = load_picture(mask_qc_path)
+    if inside is not None:
+        picture = draw_mask_contour(picture, inside, REGION)
+    picture = draw_tiles(picture, tiles, geometry.size_level0, mask)
     save_picture(picture, qc_path)
     return len(tiles)

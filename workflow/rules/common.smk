@@ -92,6 +92,7 @@ def cohort_targets():
 # The input functions run several times per slide: plain dicts, not DataFrame.loc (100 µs
 # a call, seconds per thousand slides).
 SLIDE_PATHS = samples["path"].to_dict()
+SLIDE_ROIS = samples["roi"].to_dict()
 SHEET_MPP = {
     slide_id: None if pd.isna(mpp) else float(mpp)
     for slide_id, mpp in samples["mpp"].items()
@@ -124,6 +125,25 @@ def slide_identity(wildcards):
     except OSError:
         return "missing"
     return f"{status.st_size} bytes, mtime {status.st_mtime_ns} ns"
+
+
+def roi_input(wildcards):
+    """The slide's GeoJSON of regions as an input, when it has one that exists: a changed
+    file re-runs its tiling; a missing one fails the slide's own job, not the DAG."""
+    path = SLIDE_ROIS[wildcards.slide_id]
+    return path if path and Path(path).exists() else []
+
+
+TILE_PARAMS = tile_params(config)
+
+
+def slide_tile_params(wildcards):
+    """tiles.* and, for a slide with regions, its GeoJSON and roi.*; a slide without
+    regions keeps the params it always had, so adding the feature re-runs nothing."""
+    roi = SLIDE_ROIS[wildcards.slide_id]
+    if not roi:
+        return TILE_PARAMS
+    return {**TILE_PARAMS, "roi": roi, "roi_classes": config["roi"]}
 
 
 def sheet_mpp(wildcards):

@@ -3,6 +3,7 @@ rule make_tile_coords:
         slide=slide_input,
         mask="results/slides/{slide_id}/tissue_mask.png",
         qc="results/slides/{slide_id}/qc_mask.png",
+        roi=roi_input,
     output:
         tiles="results/slides/{slide_id}/tiles.parquet",
         qc="results/slides/{slide_id}/qc_tiles.png",
@@ -17,6 +18,6 @@ rule make_tile_coords:
         cpu_stage=1,
     params:
         slide=slide_file,
-        tiles=tile_params(config),
+        tiles=slide_tile_params,
     script:
         "../../scripts/tile_coords.py"

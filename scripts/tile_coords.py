@@ -20,6 +20,7 @@ def tile() -> None:
         params=TileParams.from_mapping(snakemake.config["tiles"]),
         regions=regions,
         regions_path=roi,
+        coords_path=snakemake.params.tiles.get("coords"),
     )
 
 

@@ -30,8 +30,8 @@ SLIDE_ID_WILDCARD = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
 
 
 def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFrame:
-    """Read a TSV with `slide_id`, `path`, optional `mpp` and optional `roi` (a GeoJSON
-    of regions to tile), indexed by slide id.
+    """Read a TSV with `slide_id`, `path`, optional `mpp`, `roi` (a GeoJSON of regions to
+    tile) and `coords` (another tool's tile coordinates), indexed by slide id.
 
     Relative slide paths are taken from `base_dir` (Snakemake's working directory). Lines
     whose first cell starts with '#' are comments.
@@ -47,7 +47,7 @@ def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFr
             "it needs tab-separated 'slide_id' and 'path' (and optionally 'mpp')"
         )
     sheet = sheet[~sheet["slide_id"].str.startswith("#")]
-    for optional in ("mpp", "roi"):
+    for optional in ("mpp", "roi", "coords"):
         if optional not in sheet.columns:
             sheet = sheet.assign(**{optional: ""})
     problems = _problems(sheet, Path(base_dir))

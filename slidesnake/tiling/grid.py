@@ -52,6 +52,7 @@ class TileGeometry:
     mask_threshold: float
     slide_width: int
     slide_height: int
+    coords_source: str | None = None  # a file of another tool's coordinates, if imported
 
 
 def tile_geometry(

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from slidesnake.slides.lowres import read_lowres
 from slidesnake.slides.slide import Slide
-from slidesnake.tiling.grid import TileParams, grid_tiles, tile_geometry
+from slidesnake.tiling.grid import TileGeometry, TileParams, grid_tiles, tile_geometry
+from slidesnake.tiling.imported import imported_tiles, read_coords
 from slidesnake.tiling.mask_file import TissueMask, load_mask, save_mask
 from slidesnake.tiling.qc import (
     REGION,
@@ -80,9 +81,11 @@ def make_tile_coords(
     params: TileParams,
     regions: Regions | None = None,
     regions_path: str | Path | None = None,
+    coords_path: str | Path | None = None,
 ) -> int:
-    """Lay the tile grid, keep tiles on tissue (inside `regions`, when given: the tissue
-    fraction then counts tissue inside them), write tiles.parquet and its QC picture."""
+    """Lay the tile grid and keep tiles on tissue (inside `regions`, when given: the tissue
+    fraction then counts tissue inside them), or take the tiles of `coords_path` (another
+    tool's coordinates) as they are; write tiles.parquet and its QC picture."""
     mask = load_mask(mask_path)
     inside = None
     if regions is not None:
@@ -90,31 +93,34 @@ def make_tile_coords(
         mask = replace(mask, mask=mask.mask & inside)
     with Slide(slide_path, slide_id, mask.slide_mpp) as slide:
         read_level = slide.level_for_mpp(params.mpp)
-        read_downsample = slide.levels[read_level].downsample
-    geometry = tile_geometry(mask, params, read_level, read_downsample)
-    tiles = grid_tiles(mask, geometry)
-    if tiles.empty:
-        log.warning(
-            "slide '%s': no tile reaches mask_threshold %.2f (%.1f%% of the slide is tissue); "
-            "writing an empty tile table",
-            slide_id,
-            params.mask_threshold,
-            100 * mask.tissue_fraction,
-        )
+        geometry = tile_geometry(mask, params, read_level, slide.levels[read_level].downsample)
+        downsamples = [level.downsample for level in slide.levels]
+    if coords_path:
+        coords, size = read_coords(coords_path, slide_id, downsamples)
+        tiles = imported_tiles(coords, size, geometry, mask, slide_id, coords_path)
+        geometry = replace(geometry, coords_source=str(Path(coords_path).resolve()))
     else:
-        log.info(
-            "slide '%s': %d tiles of %d px at %.3g µm/px (%d level-0 px, read from level %d)",
-            slide_id,
-            len(tiles),
-            params.size,
-            params.mpp,
-            geometry.size_level0,
-            read_level,
-        )
+        tiles = grid_tiles(mask, geometry)
+    _log_tiles(slide_id, tiles, geometry, mask)
     write_tiles(tiles, geometry, tiles_path)
     picture = load_picture(mask_qc_path)
     if inside is not None:
         picture = draw_mask_contour(picture, inside, REGION)
-    picture = draw_tiles(picture, tiles, geometry.size_level0, mask)
-    save_picture(picture, qc_path)
+    save_picture(draw_tiles(picture, tiles, geometry.size_level0, mask), qc_path)
     return len(tiles)
+
+
+def _log_tiles(slide_id: str, tiles, geometry: TileGeometry, mask: TissueMask) -> None:
+    if tiles.empty:
+        log.warning(
+            "slide '%s': no tile reaches mask_threshold %.2f (%.1f%% of the slide is tissue); "
+            "writing an empty tile table",
+            slide_id, geometry.mask_threshold, 100 * mask.tissue_fraction,
+        )  # fmt: skip
+        return
+    log.info(
+        "slide '%s': %d tiles of %d px at %.3g µm/px (%d level-0 px, read from level %d)%s",
+        slide_id, len(tiles), geometry.size, geometry.target_mpp, geometry.size_level0,
+        geometry.read_level,
+        f", coordinates from {geometry.coords_source}" if geometry.coords_source else "",
+    )  # fmt: skip

@@ -93,6 +93,7 @@ def cohort_targets():
 # a call, seconds per thousand slides).
 SLIDE_PATHS = samples["path"].to_dict()
 SLIDE_ROIS = samples["roi"].to_dict()
+SLIDE_COORDS = samples["coords"].to_dict()
 SHEET_MPP = {
     slide_id: None if pd.isna(mpp) else float(mpp)
     for slide_id, mpp in samples["mpp"].items()
@@ -127,23 +128,26 @@ def slide_identity(wildcards):
     return f"{status.st_size} bytes, mtime {status.st_mtime_ns} ns"
 
 
-def roi_input(wildcards):
-    """The slide's GeoJSON of regions as an input, when it has one that exists: a changed
-    file re-runs its tiling; a missing one fails the slide's own job, not the DAG."""
-    path = SLIDE_ROIS[wildcards.slide_id]
-    return path if path and Path(path).exists() else []
+def tiling_inputs(wildcards):
+    """The slide's regions and imported coordinates, where it has files that exist: a
+    changed file re-runs its tiling; a missing one fails the slide's own job, not the DAG.
+    """
+    paths = [SLIDE_ROIS[wildcards.slide_id], SLIDE_COORDS[wildcards.slide_id]]
+    return [path for path in paths if path and Path(path).exists()]
 
 
 TILE_PARAMS = tile_params(config)
 
 
 def slide_tile_params(wildcards):
-    """tiles.* and, for a slide with regions, its GeoJSON and roi.*; a slide without
-    regions keeps the params it always had, so adding the feature re-runs nothing."""
-    roi = SLIDE_ROIS[wildcards.slide_id]
-    if not roi:
-        return TILE_PARAMS
-    return {**TILE_PARAMS, "roi": roi, "roi_classes": config["roi"]}
+    """tiles.* and the slide's regions (with roi.*) and imported coordinates where it has
+    them; a slide with neither keeps the params it always had."""
+    params = dict(TILE_PARAMS)
+    if SLIDE_ROIS[wildcards.slide_id]:
+        params |= {"roi": SLIDE_ROIS[wildcards.slide_id], "roi_classes": config["roi"]}
+    if SLIDE_COORDS[wildcards.slide_id]:
+        params["coords"] = SLIDE_COORDS[wildcards.slide_id]
+    return params
 
 
 def sheet_mpp(wildcards):

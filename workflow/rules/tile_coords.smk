@@ -3,7 +3,7 @@ rule make_tile_coords:
         slide=slide_input,
         mask="results/slides/{slide_id}/tissue_mask.png",
         qc="results/slides/{slide_id}/qc_mask.png",
-        roi=roi_input,
+        given=tiling_inputs,
     output:
         tiles="results/slides/{slide_id}/tiles.parquet",
         qc="results/slides/{slide_id}/qc_tiles.png",

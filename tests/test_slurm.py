@@ -77,8 +77,8 @@ def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
     tmp_path, rect_slide, blob_slide
 ):
     """One submission masks and tiles the batch; a bad slide fails its batch once, then
-    goes alone, and the others finish; one GPU job per slide; a finished cohort submits
-    nothing."""
+    goes alone, and the others finish; one GPU job per slide; the stages after the
+    embedding are batched too; a finished cohort submits nothing."""
     text = tmp_path / "notes.svs"
     text.write_text("not a slide\n")
     rows = [("rect", rect_slide), ("blobs", blob_slide)]
@@ -99,9 +99,12 @@ def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
     jobs = sacct_jobs(since)
     ran = slurm_logs(on_slurm.dir)
     assert set(ran) == set(jobs.index), "every job went through sbatch and sacct knows it"
-    assert sorted(ran.values()) == [
+    after_embedding = [kind for kind in ran.values() if kind.startswith("group_slide_features")]
+    assert sorted(kind for kind in ran.values() if kind not in after_embedding) == [
         "group_cpu_stages", "rule_embed_tiles", "rule_embed_tiles", "rule_make_tissue_mask"
     ]  # fmt: skip
+    # pooling and the map of both slides: one batch, or two if one embedding ends early
+    assert 1 <= len(after_embedding) <= 2
     for job, kind in ran.items():
         assert ("gres/gpu=1" in jobs.loc[job, "tres"]) == (kind == "rule_embed_tiles")
         assert jobs.loc[job, "state"] == (

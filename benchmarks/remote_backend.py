@@ -14,18 +14,16 @@ requests). Needs `make serve-env`.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from slidesnake.bench import limit_tiles, synthetic_slide, tile_slide
+from slidesnake.bench import embed_job, limit_tiles, synthetic_slide, tile_slide
 from slidesnake.cli import SERVE_PYTHON
 from slidesnake.slides.synthetic import BENCH_SLIDES
 
@@ -64,16 +62,10 @@ def server_counts() -> tuple[float, float]:
 
 
 def job(slide, out: Path, *remote: str) -> dict:
-    command = [
-        sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles),
-        str(out), "--model", MODEL, "--weights", "random", "--precision", "fp32",
+    return embed_job(
+        slide, out, "--model", MODEL, "--weights", "random", "--precision", "fp32",
         "--batch-size", "32", "--workers", "1", *remote,
-    ]  # fmt: skip
-    started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
-    metrics = json.loads((out / "metrics.json").read_text())
-    metrics["process_s"] = time.perf_counter() - started
-    return metrics
+    )  # fmt: skip
 
 
 def main() -> None:

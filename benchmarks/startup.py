@@ -14,7 +14,6 @@ from its metrics.json. Rounds alternate floor and job so both see the same page 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from slidesnake.bench import limit_tiles, synthetic_slide, tile_slide
+from slidesnake.bench import embed_job, limit_tiles, synthetic_slide, tile_slide
 
 PARTS = (
     "imports_s",
@@ -69,16 +68,10 @@ def floor_s(weights: Path) -> float:
 
 
 def job(slide, weights: Path, out: Path) -> dict:
-    command = [
-        sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles), str(out),
-        "--model", "h-optimus-0", "--checkpoint", str(weights), "--precision", "fp16",
-        "--workers", "1", "--batch-size", "1",
-    ]  # fmt: skip
-    started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
-    metrics = json.loads((out / "metrics.json").read_text())
-    metrics["process_s"] = time.perf_counter() - started
-    return metrics
+    return embed_job(
+        slide, out, "--model", "h-optimus-0", "--checkpoint", str(weights),
+        "--precision", "fp16", "--workers", "1", "--batch-size", "1",
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -13,16 +13,19 @@ process in the same run. Rounds alternate baseline and jobs.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
 import torch
 
-from slidesnake.bench import limit_tiles, per_tile_baseline, synthetic_slide, tile_slide
+from slidesnake.bench import (
+    embed_job,
+    limit_tiles,
+    per_tile_baseline,
+    synthetic_slide,
+    tile_slide,
+)
 from slidesnake.slides.synthetic import BENCH_SLIDES
 
 
@@ -41,13 +44,10 @@ def near_free_model(directory: Path) -> Path:
 
 
 def job(slide, model: Path, workers: int, out: Path) -> dict:
-    command = [
-        sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles), str(out),
-        "--model", "custom", "--checkpoint", str(model), "--precision", "fp32",
+    return embed_job(
+        slide, out, "--model", "custom", "--checkpoint", str(model), "--precision", "fp32",
         "--workers", str(workers),
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
-    return json.loads((out / "metrics.json").read_text())
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -88,6 +88,18 @@ def tile_slide(slide: Path, directory: Path, sheet_mpp: float | None = None) -> 
     return TiledSlide(slide, out / "tiles.parquet")
 
 
+def embed_job(slide: TiledSlide, out: Path, *options: str) -> dict[str, Any]:
+    """`slidesnake embed` on `slide` in a fresh process, as Snakemake runs a job: its
+    metrics.json, plus `process_s`, the whole process timed from outside."""
+    command = [sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles),
+               str(out), *options]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["process_s"] = time.perf_counter() - started
+    return metrics
+
+
 def limit_tiles(slide: TiledSlide, count: int | None) -> TiledSlide:
     """The first `count` tiles (row-major: a band of the slide), for a quicker run."""
     tiles, geometry = read_tiles(slide.tiles)

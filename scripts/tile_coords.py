@@ -1,6 +1,7 @@
 """Snakemake script of rule tile_coords: thin glue to slidesnake.tiling.stages."""
 
 from slidesnake.cohort.jobs import run_job
+from slidesnake.tiling.artefacts import ArtefactParams
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.regions import read_regions
 from slidesnake.tiling.stages import make_tile_coords
@@ -21,6 +22,7 @@ def tile() -> None:
         regions=regions,
         regions_path=roi,
         coords_path=snakemake.params.tiles.get("coords"),
+        artefacts=ArtefactParams.from_mapping(snakemake.config["artefacts"]),
     )
 
 

@@ -14,6 +14,7 @@ from slidesnake.cohort.demo import write_demo_slides
 from slidesnake.cohort.jobs import run_job
 from slidesnake.embed.settings import DEMO, EmbedSettings, RemoteSettings
 from slidesnake.slides.synthetic import BENCH_SLIDES, random_blobs, write_slide
+from slidesnake.tiling.artefacts import ArtefactParams
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tissue import TissueParams
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     mask.add_argument("slide")
     mask.add_argument("outdir")
     mask.add_argument("--mpp", type=float, help="level-0 µm/px, if the slide lacks it")
+    mask.add_argument("--pen", action="store_true", help="also find pen ink (for tiles' filter)")
 
     tiles = commands.add_parser("tiles", help="tile coordinates of one masked slide")
     tiles.add_argument("slide")
@@ -51,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     tiles.add_argument("--size", type=int, default=TileParams.size)
     tiles.add_argument("--stride", type=int, default=None)
     tiles.add_argument("--mask-threshold", type=float, default=TileParams.mask_threshold)
+    tiles.add_argument("--max-pen-fraction", type=float, help="drop tiles under ink (mask --pen)")
+    tiles.add_argument("--min-focus", type=float, help="drop tiles with a lower focus score")
+    tiles.add_argument("--focus-mpp", type=float, default=ArtefactParams.focus_mpp)
 
     embed = commands.add_parser("embed", help="embed the tiles of one slide")
     embed.add_argument("slide")
@@ -205,12 +210,14 @@ def _mask(args: argparse.Namespace) -> None:
         out / "qc_mask.png",
         TissueParams(),
         sheet_mpp=args.mpp,
+        pen=args.pen,
     )
 
 
 def _tiles(args: argparse.Namespace) -> None:
     out = Path(args.outdir)
     params = TileParams(args.tile_mpp, args.size, args.stride, args.mask_threshold)
+    artefacts = ArtefactParams(args.max_pen_fraction, args.min_focus, args.focus_mpp)
     make_tile_coords(
         args.slide,
         Path(args.slide).stem,
@@ -219,6 +226,7 @@ def _tiles(args: argparse.Namespace) -> None:
         out / "tiles.parquet",
         out / "qc_tiles.png",
         params,
+        artefacts=artefacts,
     )
 
 

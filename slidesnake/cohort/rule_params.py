@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from slidesnake.embed.settings import EmbedSettings
+from slidesnake.tiling.artefacts import ArtefactParams
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.tissue import TissueParams
 
@@ -34,11 +35,19 @@ EMBEDDING_FIELDS = (
 def tissue_params(config: Mapping[str, Any]) -> dict[str, Any]:
     params = _canonical(TissueParams.from_mapping(config["tissue"]))
     del params["max_decode_mpx"]  # decides whether a slide fails, never what a mask is
+    if ArtefactParams.from_mapping(config["artefacts"]).pen:
+        params["pen"] = True  # only when on: switching on a filter re-runs no other config
     return params
 
 
 def tile_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    return _canonical(TileParams.from_mapping(config["tiles"]))
+    params = _canonical(TileParams.from_mapping(config["tiles"]))
+    artefacts = _canonical(ArtefactParams.from_mapping(config["artefacts"]))
+    if artefacts["max_pen_fraction"] is not None:
+        params["max_pen_fraction"] = artefacts["max_pen_fraction"]
+    if artefacts["min_focus"] is not None:
+        params |= {key: artefacts[key] for key in ("min_focus", "focus_mpp")}
+    return params
 
 
 def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:

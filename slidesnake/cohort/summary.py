@@ -28,8 +28,12 @@ from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.atomic import atomic_output
 from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
+from slidesnake.tiling.tile_table import read_dropped
 
-COLUMNS = ["slide_id", "status", "reason", "tiles", "wall_s", "tiles_per_s", "loader_wait_fraction"]
+# dropped_*: tiles the artefact filters removed, for slides tiled with the filter on
+DROPPED = ["dropped_pen", "dropped_focus"]
+COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_per_s",
+           "loader_wait_fraction"]  # fmt: skip
 
 
 def slide_status(
@@ -44,7 +48,9 @@ def slide_status(
     metrics_path = results / slide_id / "metrics.json"
     if metrics_path.is_file() and (results / slide_id / "embeddings.zarr").is_dir():
         metrics = json.loads(metrics_path.read_text())
-        return {"slide_id": slide_id, "status": "done", "reason": "", **metrics}
+        dropped = read_dropped(results / slide_id / "tiles.parquet")
+        dropped = {f"dropped_{name}": count for name, count in dropped.items()}
+        return {"slide_id": slide_id, "status": "done", "reason": "", **metrics, **dropped}
     return {"slide_id": slide_id, "status": "pending", "reason": ""}
 
 
@@ -72,7 +78,8 @@ def cohort_table(
 ) -> pd.DataFrame:
     """One row per slide, in sheet order, with the COLUMNS."""
     rows = [slide_status(slide_id, Path(results), Path(logs), since) for slide_id in slide_ids]
-    return pd.DataFrame(rows).reindex(columns=COLUMNS).astype({"tiles": "Int64"})
+    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    return table.astype(dict.fromkeys(["tiles", *DROPPED], "Int64"))
 
 
 def write_cohort_summary(
@@ -119,10 +126,13 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
         f"{len(done)} of {len(table)} slides done, {int(done['tiles'].sum())} tiles in "
         f"{done['wall_s'].sum():.1f} s of embedding"
     )
-    shown = table.map(lambda v: escape(str(v)) if isinstance(v, str) else v)
+    unused = [column for column in DROPPED if table.get(column, pd.Series()).isna().all()]
+    shown = table.drop(columns=unused, errors="ignore")
+    shown = shown.map(lambda v: escape(str(v)) if isinstance(v, str) else v)
     shown["pictures"] = [picture_links(results, slide_id) for slide_id in table["slide_id"]]
     headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
-    headers["loader_wait_fraction"] = "loader wait"
+    headers |= {"loader_wait_fraction": "loader wait", "dropped_pen": "dropped (pen)"}
+    headers["dropped_focus"] = "dropped (focus)"
     rows = shown.rename(columns=headers).to_html(
         index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0, escape=False
     )

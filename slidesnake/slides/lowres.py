@@ -36,9 +36,7 @@ class LowRes:
 def read_lowres(slide: Slide, target_mpp: float, max_decode_mpx: float = math.inf) -> LowRes:
     """The whole slide at about `target_mpp`, never reading level 0 of a pyramid, and never
     decoding more than `max_decode_mpx` megapixels: a small file can declare any size."""
-    level = slide.level_for_mpp(target_mpp)
-    if level == 0 and len(slide.levels) > 1:
-        level = 1  # level 1 is coarser than asked but costs a fraction of level 0
+    level, factor = reduced_level(slide, target_mpp)
     megapixels = slide.levels[level].width * slide.levels[level].height / 1e6
     if megapixels > max_decode_mpx:
         raise SlideSizeError(
@@ -56,13 +54,21 @@ def read_lowres(slide: Slide, target_mpp: float, max_decode_mpx: float = math.in
             slide.slide_id,
             megapixels,
         )
-    factor = max(1, round(target_mpp / slide.level_mpp(level)))
     rgb = _read_binned(slide, level, factor)
     lv = slide.levels[level]
     w0, h0 = slide.dimensions
     scale_x = factor * w0 / lv.width
     scale_y = factor * h0 / lv.height
     return LowRes(rgb, level, scale_x, scale_y, slide.mpp * (scale_x + scale_y) / 2)
+
+
+def reduced_level(slide: Slide, target_mpp: float) -> tuple[int, int]:
+    """The level to read for pixels of about `target_mpp`, never level 0 of a pyramid, and
+    the factor to bin its pixels by."""
+    level = slide.level_for_mpp(target_mpp)
+    if level == 0 and len(slide.levels) > 1:
+        level = 1  # level 1 is coarser than asked but costs a fraction of level 0
+    return level, max(1, round(target_mpp / slide.level_mpp(level)))
 
 
 def _read_binned(slide: Slide, level: int, factor: int) -> np.ndarray:
@@ -75,13 +81,14 @@ def _read_binned(slide: Slide, level: int, factor: int) -> np.ndarray:
         rows = min(rows_per_strip, out_h * factor - top)
         y0 = round(top * lv.downsample)
         strip = slide.read(level, 0, y0, out_w * factor, rows)
-        strips.append(_bin(strip, factor))
+        strips.append(bin_pixels(strip, factor))
     if not strips:
         return np.full((out_h, out_w, 3), 255, np.uint8)
     return np.concatenate(strips, axis=0)
 
 
-def _bin(rgb: np.ndarray, factor: int) -> np.ndarray:
+def bin_pixels(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """`rgb` averaged over factor x factor blocks (a partial block at an edge is dropped)."""
     if factor == 1:
         return rgb
     h, w = rgb.shape[0] // factor, rgb.shape[1] // factor

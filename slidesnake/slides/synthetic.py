@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
+from scipy import ndimage as ndi
 
 BACKGROUND = np.array([243.0, 242.0, 240.0], np.float32)
 STROMA = np.array([232.0, 160.0, 196.0], np.float32)
@@ -65,6 +66,37 @@ class Ellipse:
 Shape = Rect | Ellipse
 
 
+@dataclass(frozen=True)
+class PenStroke:
+    """A marker line from (x0, y0) to (x1, y1), `width` level-0 px wide, on tissue and glass."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    width: float
+    colour: tuple[float, float, float] = (20.0, 140.0, 90.0)  # a green marker
+
+    def inside(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        dx, dy = self.x1 - self.x0, self.y1 - self.y0
+        px, py = x[None, :] - self.x0, y[:, None] - self.y0
+        t = np.clip((px * dx + py * dy) / max(dx * dx + dy * dy, 1e-9), 0, 1)
+        return np.hypot(px - t * dx, py - t * dy) < self.width / 2
+
+    def bounds(self) -> tuple[float, float, float, float]:
+        r = self.width / 2
+        return (min(self.x0, self.x1) - r, min(self.y0, self.y1) - r,
+                max(self.x0, self.x1) + r, max(self.y0, self.y1) + r)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Blur:
+    """A part of the slide scanned out of focus: a Gaussian blur of `sigma` level-0 px."""
+
+    area: Rect
+    sigma: float
+
+
 def random_blobs(width: int, height: int, count: int, seed: int) -> list[Ellipse]:
     """A few tissue fragments of plausible shape, kept inside the slide."""
     rng = np.random.default_rng(seed)
@@ -111,18 +143,41 @@ def _hash(ix: np.ndarray, iy: np.ndarray, seed: int) -> np.ndarray:
 class Renderer:
     """Renders any rectangle of any level from a list of tissue shapes."""
 
-    def __init__(self, shapes: Sequence[Shape], seed: int = 0) -> None:
+    def __init__(
+        self,
+        shapes: Sequence[Shape],
+        seed: int = 0,
+        marks: Sequence[PenStroke] = (),
+        blurs: Sequence[Blur] = (),
+    ) -> None:
         self.shapes = list(shapes)
         self.seed = seed
+        self.marks = list(marks)
+        self.blurs = list(blurs)
         self._glass_cache: dict[tuple[int, int, int], np.ndarray] = {}
 
     def render(self, x0: int, y0: int, width: int, height: int, downsample: float) -> np.ndarray:
         """RGB uint8 of a level with `downsample`; (x0, y0) in that level's pixels."""
-        x = (x0 + np.arange(width, dtype=np.float64) + 0.5) * downsample
-        y = (y0 + np.arange(height, dtype=np.float64) + 0.5) * downsample
-        if not self._touches(x, y):
+        x, y = _centres(x0, width, downsample), _centres(y0, height, downsample)
+        if not self._touches(x, y, [*self.shapes, *self.marks]):
             return self._glass(height, width, x0 * 7 + y0 * 13)
         rng = np.random.default_rng([self.seed, x0, y0, round(downsample * 1000)])
+        img = self._paint(x0, y0, width, height, downsample)
+        for blur in self.blurs:
+            if self._touches(x, y, [blur.area]):
+                sigma = blur.sigma / downsample
+                m = int(np.ceil(3 * sigma))
+                padded = self._paint(x0 - m, y0 - m, width + 2 * m, height + 2 * m, downsample)
+                smooth = ndi.gaussian_filter(padded, (sigma, sigma, 0))[
+                    m : -m or None, m : -m or None
+                ]
+                inside = blur.area.inside(x, y)
+                img[inside] = smooth[inside]
+        return _with_noise(img, rng)
+
+    def _paint(self, x0: int, y0: int, width: int, height: int, downsample: float) -> np.ndarray:
+        """Tissue and marks as float32 RGB, before blur and sensor noise."""
+        x, y = _centres(x0, width, downsample), _centres(y0, height, downsample)
         img = np.broadcast_to(BACKGROUND, (height, width, 3)).copy()
         tissue = np.zeros((height, width), bool)
         for shape in self.shapes:
@@ -132,7 +187,9 @@ class Renderer:
         nuclei = value_noise(x, y, 7.0, self.seed + 1) > 0.78
         colour = np.where(nuclei[..., None], NUCLEUS, stroma)
         img[tissue] = colour[tissue]
-        return _with_noise(img, rng)
+        for mark in self.marks:
+            img[mark.inside(x, y)] = mark.colour
+        return img
 
     def _glass(self, height: int, width: int, key: int) -> np.ndarray:
         """Empty glass; a few noisy variants are cached, as most tiles of a slide are glass."""
@@ -144,12 +201,18 @@ class Renderer:
             )
         return self._glass_cache[variant]
 
-    def _touches(self, x: np.ndarray, y: np.ndarray) -> bool:
-        for shape in self.shapes:
+    @staticmethod
+    def _touches(x: np.ndarray, y: np.ndarray, shapes) -> bool:
+        for shape in shapes:
             bx0, by0, bx1, by1 = shape.bounds()
             if bx0 <= x[-1] and bx1 >= x[0] and by0 <= y[-1] and by1 >= y[0]:
                 return True
         return False
+
+
+def _centres(start: int, count: int, downsample: float) -> np.ndarray:
+    """Level-0 positions of the centres of `count` pixels of a level, from `start`."""
+    return (start + np.arange(count, dtype=np.float64) + 0.5) * downsample
 
 
 def _with_noise(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -174,14 +237,17 @@ def write_slide(
     vendor: str = "aperio",
     quality: int = 85,
     seed: int = 0,
+    marks: Sequence[PenStroke] = (),
+    blurs: Sequence[Blur] = (),
 ) -> Path:
     """Write a pyramidal JPEG TIFF; `vendor` is 'aperio' (.svs) or 'generic' (.tif).
 
-    With `mpp=None` the slide records no resolution at all, as some real scans do.
+    With `mpp=None` the slide records no resolution at all, as some real scans do. `marks`
+    and `blurs` add pen ink and out-of-focus areas, for the artefact filters.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    renderer = Renderer(shapes, seed)
+    renderer = Renderer(shapes, seed, marks, blurs)
     sizes = [
         (max(width // level_factor**i, 1), max(height // level_factor**i, 1)) for i in range(levels)
     ]

@@ -120,3 +120,32 @@ def _lerp_rows(table: np.ndarray, at: np.ndarray) -> np.ndarray:
     high = np.minimum(low + 1, table.shape[0] - 1)
     weight = (at - low)[:, None]
     return table[low] * (1 - weight) + table[high] * weight
+
+
+def fractions_at(
+    layer: np.ndarray, mask: TissueMask, xs: np.ndarray, ys: np.ndarray, size: int
+) -> np.ndarray:
+    """The fraction of each size x size level-0 tile at (xs[i], ys[i]) that `layer` (a
+    boolean picture on the mask's grid: the tissue, the pen ink) covers, float32."""
+    integral = np.zeros((layer.shape[0] + 1, layer.shape[1] + 1))
+    integral[1:, 1:] = layer.cumsum(axis=0).cumsum(axis=1)
+    left, right = xs / mask.scale_x, (xs + size) / mask.scale_x
+    top, bottom = ys / mask.scale_y, (ys + size) / mask.scale_y
+    area = (
+        _bilinear(integral, bottom, right) - _bilinear(integral, bottom, left)
+        - _bilinear(integral, top, right) + _bilinear(integral, top, left)
+    )  # fmt: skip
+    tile_area = (size / mask.scale_x) * (size / mask.scale_y)
+    return np.clip(area / tile_area, 0.0, 1.0).astype(np.float32)
+
+
+def _bilinear(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    rows = np.clip(rows, 0, table.shape[0] - 1)
+    cols = np.clip(cols, 0, table.shape[1] - 1)
+    r0 = np.minimum(np.floor(rows).astype(np.int64), table.shape[0] - 2)
+    c0 = np.minimum(np.floor(cols).astype(np.int64), table.shape[1] - 2)
+    fr, fc = rows - r0, cols - c0
+    return (
+        table[r0, c0] * (1 - fr) * (1 - fc) + table[r0 + 1, c0] * fr * (1 - fc)
+        + table[r0, c0 + 1] * (1 - fr) * fc + table[r0 + 1, c0 + 1] * fr * fc
+    )  # fmt: skip

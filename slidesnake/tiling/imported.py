@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from slidesnake.errors import SlideError
-from slidesnake.tiling.grid import TileGeometry
+from slidesnake.tiling.grid import TileGeometry, fractions_at
 from slidesnake.tiling.mask_file import TissueMask
 
 log = logging.getLogger(__name__)
@@ -111,31 +111,5 @@ def imported_tiles(
     kept = coords[np.sort(first)]  # the file's order, first occurrences
     return pd.DataFrame({
         "x": kept[:, 0], "y": kept[:, 1],
-        "tissue_fraction": tissue_fractions_at(mask, kept[:, 0], kept[:, 1], size),
+        "tissue_fraction": fractions_at(mask.mask, mask, kept[:, 0], kept[:, 1], size),
     })  # fmt: skip
-
-
-def tissue_fractions_at(mask: TissueMask, xs: np.ndarray, ys: np.ndarray, size: int):
-    """The tissue fraction of each size x size tile at (xs[i], ys[i]), float32."""
-    integral = np.zeros((mask.mask.shape[0] + 1, mask.mask.shape[1] + 1))
-    integral[1:, 1:] = mask.mask.cumsum(axis=0).cumsum(axis=1)
-    left, right = xs / mask.scale_x, (xs + size) / mask.scale_x
-    top, bottom = ys / mask.scale_y, (ys + size) / mask.scale_y
-    area = (
-        _bilinear(integral, bottom, right) - _bilinear(integral, bottom, left)
-        - _bilinear(integral, top, right) + _bilinear(integral, top, left)
-    )  # fmt: skip
-    tile_area = (size / mask.scale_x) * (size / mask.scale_y)
-    return np.clip(area / tile_area, 0.0, 1.0).astype(np.float32)
-
-
-def _bilinear(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    rows = np.clip(rows, 0, table.shape[0] - 1)
-    cols = np.clip(cols, 0, table.shape[1] - 1)
-    r0 = np.minimum(np.floor(rows).astype(np.int64), table.shape[0] - 2)
-    c0 = np.minimum(np.floor(cols).astype(np.int64), table.shape[1] - 2)
-    fr, fc = rows - r0, cols - c0
-    return (
-        table[r0, c0] * (1 - fr) * (1 - fc) + table[r0 + 1, c0] * fr * (1 - fc)
-        + table[r0, c0 + 1] * (1 - fr) * fc + table[r0 + 1, c0 + 1] * fr * fc
-    )  # fmt: skip

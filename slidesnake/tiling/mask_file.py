@@ -1,12 +1,13 @@
 """The tissue mask on disk: a PNG whose text chunks record how it maps to the slide.
 
 One file holds both the pixels and their geometry, so a mask can never be read with the
-wrong scale.
+wrong scale. Tissue is 255 and glass 0; where the mask stage also looked for pen ink, ink
+on tissue is 192 and ink on glass 64, so the tissue is still every value of 128 or more.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from PIL.PngImagePlugin import PngInfo
 from slidesnake.atomic import atomic_output
 
 _PREFIX = "slidesnake."
+_PEN_LAYER = _PREFIX + "pen_layer"
+_PEN = 64  # a pixel's value modulo 128 when it is ink
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class TissueMask:
     slide_width: int  # level-0 px
     slide_height: int
     read_level: int  # the pyramid level the mask was computed from
+    pen: np.ndarray | None = None  # (h, w) bool, True = pen ink; None = not looked for
 
     @property
     def tissue_fraction(self) -> float:
@@ -37,26 +41,32 @@ class TissueMask:
 
     def geometry(self) -> dict[str, float | int]:
         """Everything but the pixels."""
-        values = asdict(self)
-        del values["mask"]
-        return values
+        return {name: getattr(self, name) for name in _GEOMETRY}
 
 
 def save_mask(mask: TissueMask, path: str | Path) -> None:
     info = PngInfo()
     for key, value in mask.geometry().items():
         info.add_text(_PREFIX + key, repr(value))
+    pixels = mask.mask.astype(np.uint8) * 255
+    if mask.pen is not None:
+        info.add_text(_PEN_LAYER, "1")
+        pixels = np.where(mask.pen, mask.mask * 128 + _PEN, pixels).astype(np.uint8)
     with atomic_output(path) as tmp:
-        Image.fromarray(mask.mask.astype(np.uint8) * 255).save(tmp, format="PNG", pnginfo=info)
+        Image.fromarray(pixels).save(tmp, format="PNG", pnginfo=info)
 
 
 def load_mask(path: str | Path) -> TissueMask:
     with Image.open(path) as image:
-        pixels = np.asarray(image.convert("L")) > 127
+        pixels = np.asarray(image.convert("L"))
+        has_pen = _PEN_LAYER in image.text
         text = {k.removeprefix(_PREFIX): v for k, v in image.text.items() if k.startswith(_PREFIX)}
     geometry = {
         key: (int if key in {"slide_width", "slide_height", "read_level"} else float)(text[key])
-        for key in TissueMask.__dataclass_fields__
-        if key != "mask"
+        for key in _GEOMETRY
     }
-    return TissueMask(mask=pixels, **geometry)
+    pen = pixels % 128 == _PEN if has_pen else None
+    return TissueMask(mask=pixels >= 128, pen=pen, **geometry)
+
+
+_GEOMETRY = [name for name in TissueMask.__dataclass_fields__ if name not in {"mask", "pen"}]

@@ -18,8 +18,9 @@ from slidesnake.tiling.mask_file import TissueMask
 
 CONTOUR = np.array([0, 170, 0], np.uint8)
 REGION = np.array([230, 120, 0], np.uint8)  # regions of interest: orange, apart from tissue
-TILE_FILL = np.array([40, 90, 255], np.float32)
-TILE_EDGE = np.array([20, 40, 160], np.uint8)
+PEN = np.array([255, 0, 255], np.uint8)  # pen ink: magenta, a colour no ink or stain has
+KEPT = (np.array([40, 90, 255], np.float32), np.array([20, 40, 160], np.uint8))  # fill, edge
+DROPPED = (np.array([255, 40, 40], np.float32), np.array([160, 0, 0], np.uint8))  # artefacts
 
 
 def draw_mask_contour(rgb: np.ndarray, mask: np.ndarray, colour=CONTOUR) -> np.ndarray:
@@ -30,8 +31,12 @@ def draw_mask_contour(rgb: np.ndarray, mask: np.ndarray, colour=CONTOUR) -> np.n
     return out
 
 
-def draw_tiles(picture: np.ndarray, tiles: pd.DataFrame, size: int, mask: TissueMask) -> np.ndarray:
-    """Shade the area covered by kept tiles and draw the tile grid inside it."""
+def draw_tiles(
+    picture: np.ndarray, tiles: pd.DataFrame, size: int, mask: TissueMask, colours=KEPT
+) -> np.ndarray:
+    """Shade the area covered by the tiles and draw the tile grid inside it, in `colours`
+    (KEPT, or DROPPED for the tiles an artefact filter removed)."""
+    fill, edge = colours
     h, w = picture.shape[:2]
     left = np.clip((tiles["x"].to_numpy() / mask.scale_x).astype(np.int64), 0, w)
     top = np.clip((tiles["y"].to_numpy() / mask.scale_y).astype(np.int64), 0, h)
@@ -42,9 +47,9 @@ def draw_tiles(picture: np.ndarray, tiles: pd.DataFrame, size: int, mask: Tissue
     edges[:, np.unique(np.clip(left, 0, w - 1))] = True
     edges[np.unique(np.clip(top, 0, h - 1)), :] = True
     out = picture.astype(np.float32)
-    out[covered] = 0.7 * out[covered] + 0.3 * TILE_FILL
+    out[covered] = 0.7 * out[covered] + 0.3 * fill
     out = out.round().astype(np.uint8)
-    out[covered & edges] = TILE_EDGE
+    out[covered & edges] = edge
     return out
 
 

@@ -11,10 +11,14 @@ from pathlib import Path
 
 from slidesnake.slides.lowres import read_lowres
 from slidesnake.slides.slide import Slide
+from slidesnake.tiling.artefacts import ArtefactParams, filter_artefacts
 from slidesnake.tiling.grid import TileGeometry, TileParams, grid_tiles, tile_geometry
 from slidesnake.tiling.imported import imported_tiles, read_coords
 from slidesnake.tiling.mask_file import TissueMask, load_mask, save_mask
+from slidesnake.tiling.pen import detect_pen
 from slidesnake.tiling.qc import (
+    DROPPED,
+    PEN,
     REGION,
     draw_mask_contour,
     draw_tiles,
@@ -35,8 +39,10 @@ def make_tissue_mask(
     qc_path: str | Path,
     params: TissueParams,
     sheet_mpp: float | None = None,
+    pen: bool = False,
 ) -> TissueMask:
-    """Detect tissue at about `params.mpp` and write the mask and its QC picture."""
+    """Detect tissue at about `params.mpp`, and pen ink when `pen`; write the mask and its
+    QC picture."""
     with Slide(slide_path, slide_id, sheet_mpp) as slide:
         log.info(
             "slide '%s': %s, %d x %d px, %d levels, %.4g µm/px (from %s)",
@@ -57,6 +63,7 @@ def make_tissue_mask(
             slide_width=slide.dimensions[0],
             slide_height=slide.dimensions[1],
             read_level=lowres.level,
+            pen=detect_pen(lowres.rgb, lowres.mpp) if pen else None,
         )
     log.info(
         "mask %d x %d px at %.3g µm/px from level %d: %.1f%% tissue",
@@ -67,7 +74,11 @@ def make_tissue_mask(
         100 * mask.tissue_fraction,
     )
     save_mask(mask, mask_path)
-    save_picture(draw_mask_contour(lowres.rgb, mask.mask), qc_path)
+    picture = draw_mask_contour(lowres.rgb, mask.mask)
+    if mask.pen is not None:
+        log.info("pen ink on %.1f%% of the slide", 100 * mask.pen.mean())
+        picture = draw_mask_contour(picture, mask.pen, PEN)
+    save_picture(picture, qc_path)
     return mask
 
 
@@ -82,10 +93,12 @@ def make_tile_coords(
     regions: Regions | None = None,
     regions_path: str | Path | None = None,
     coords_path: str | Path | None = None,
+    artefacts: ArtefactParams | None = None,
 ) -> int:
     """Lay the tile grid and keep tiles on tissue (inside `regions`, when given: the tissue
     fraction then counts tissue inside them), or take the tiles of `coords_path` (another
-    tool's coordinates) as they are; write tiles.parquet and its QC picture."""
+    tool's coordinates) as they are; drop the tiles the artefact filters that are on find;
+    write tiles.parquet and its QC picture."""
     mask = load_mask(mask_path)
     inside = None
     if regions is not None:
@@ -94,20 +107,24 @@ def make_tile_coords(
     with Slide(slide_path, slide_id, mask.slide_mpp) as slide:
         read_level = slide.level_for_mpp(params.mpp)
         geometry = tile_geometry(mask, params, read_level, slide.levels[read_level].downsample)
-        downsamples = [level.downsample for level in slide.levels]
-    if coords_path:
-        coords, size = read_coords(coords_path, slide_id, downsamples)
-        tiles = imported_tiles(coords, size, geometry, mask, slide_id, coords_path)
-        geometry = replace(geometry, coords_source=str(Path(coords_path).resolve()))
-    else:
-        tiles = grid_tiles(mask, geometry)
-    _log_tiles(slide_id, tiles, geometry, mask)
-    write_tiles(tiles, geometry, tiles_path)
+        if coords_path:
+            downsamples = [level.downsample for level in slide.levels]
+            coords, size = read_coords(coords_path, slide_id, downsamples)
+            tiles = imported_tiles(coords, size, geometry, mask, slide_id, coords_path)
+            geometry = replace(geometry, coords_source=str(Path(coords_path).resolve()))
+        else:
+            tiles = grid_tiles(mask, geometry)
+        filtered = filter_artefacts(
+            tiles, artefacts or ArtefactParams(), mask, geometry, slide, mask_path
+        )
+    _log_tiles(slide_id, filtered.kept, geometry, mask)
+    write_tiles(filtered.kept, geometry, tiles_path, filtered.counts)
     picture = load_picture(mask_qc_path)
     if inside is not None:
         picture = draw_mask_contour(picture, inside, REGION)
-    save_picture(draw_tiles(picture, tiles, geometry.size_level0, mask), qc_path)
-    return len(tiles)
+    picture = draw_tiles(picture, filtered.dropped, geometry.size_level0, mask, DROPPED)
+    save_picture(draw_tiles(picture, filtered.kept, geometry.size_level0, mask), qc_path)
+    return len(filtered.kept)
 
 
 def _log_tiles(slide_id: str, tiles, geometry: TileGeometry, mask: TissueMask) -> None:

@@ -11,6 +11,7 @@ import yaml
 from conftest import RECT_SLIDE, RECT_TISSUE, REPO, jobs_run
 from PIL import Image
 
+from slidesnake.cli import main
 from slidesnake.cohort.rule_params import tile_params, tissue_params
 from slidesnake.slides.lowres import bin_pixels
 from slidesnake.slides.synthetic import Blur, PenStroke, Rect, write_slide
@@ -163,3 +164,11 @@ def test_the_workflow_reruns_what_a_filter_changes_and_counts_what_it_drops(
     assert "dropped (focus)" in (workflow.dir / "results" / "cohort.html").read_text()
     tiles, _ = read_tiles(workflow.result("a", "tiles.parquet"))
     assert {"pen_fraction", "focus"} <= set(tiles.columns)
+
+
+def test_the_command_line_runs_the_filters(artefact_slide, tmp_path):
+    main(["mask", str(artefact_slide), str(tmp_path), "--pen"])
+    main(["tiles", str(artefact_slide), str(tmp_path), "--max-pen-fraction", "0.1",
+          "--min-focus", "0"])  # fmt: skip
+    tiles, _ = read_tiles(tmp_path / "tiles.parquet")
+    assert len(tiles) == len(EVERY - INKED) and {"pen_fraction", "focus"} <= set(tiles)

@@ -3,7 +3,7 @@
 A scanner out of focus blurs nuclear edges first, and the Laplacian responds to exactly
 those edges, so its variance over a tile falls with blur. Scored at about 2 µm/px, where
 nuclei are a few pixels across, from a reduced pyramid level, never level 0: the score
-costs a small fraction of the embedding's reads. Tiles are read a row at a time, as one
+costs a small fraction of the embedding's reads. Adjacent tiles of a row are read as one
 strip, and the per-tile sums come from cumulative sums along that strip.
 """
 
@@ -30,6 +30,21 @@ def focus_scores(slide: Slide, tiles: pd.DataFrame, size_level0: int, mpp: float
     scale = downsample * factor  # level-0 px per pixel scored
     side = max(3, round(size_level0 / scale))
     level_width, level_height = slide.levels[level].width, slide.levels[level].height
+    xs, ys = tiles["x"].to_numpy(), tiles["y"].to_numpy()
+    for rows in _runs(xs, ys, size_level0):
+        left, y = int(xs[rows[0]]), int(ys[rows[0]])
+        width = (round((int(xs[rows[-1]]) - left) / scale) + side) * factor
+        width = min(width, level_width - int(left // downsample))  # rounding past the edge
+        height = min(side * factor, level_height - int(y // downsample))
+        strip = slide.read(level, left, y, width, height)
+        starts = np.round((xs[rows] - left) / scale).astype(np.int64)
+        scores[rows] = _laplacian_variance(bin_pixels(strip, factor), starts, side)
+    return scores
+    level, factor = reduced_level(slide, mpp)
+    downsample = slide.levels[level].downsample
+    scale = downsample * factor  # level-0 px per pixel scored
+    side = max(3, round(size_level0 / scale))
+    level_width, level_height = slide.levels[level].width, slide.levels[level].height
     xs = tiles["x"].to_numpy()
     for y, rows in tiles.groupby("y", sort=False).indices.items():
         left = int(xs[rows].min())
@@ -40,6 +55,14 @@ def focus_scores(slide: Slide, tiles: pd.DataFrame, size_level0: int, mpp: float
         starts = np.round((xs[rows] - left) / scale).astype(np.int64)
         scores[rows] = _laplacian_variance(bin_pixels(strip, factor), starts, side)
     return scores
+
+
+def _runs(xs: np.ndarray, ys: np.ndarray, size: int) -> list[np.ndarray]:
+    """Indices of the tiles in runs along rows: same y, each tile at most `size` px right of
+    the one before, so a strip never decodes the glass between two pieces of tissue."""
+    order = np.lexsort((xs, ys))
+    gap = (np.diff(ys[order]) != 0) | (np.diff(xs[order]) > size)
+    return np.split(order, np.flatnonzero(gap) + 1)
 
 
 def _laplacian_variance(rgb: np.ndarray, starts: np.ndarray, side: int) -> np.ndarray:

@@ -114,10 +114,10 @@ def make_tile_coords(
             geometry = replace(geometry, coords_source=str(Path(coords_path).resolve()))
         else:
             tiles = grid_tiles(mask, geometry)
+        _log_tiles(slide_id, tiles, geometry, mask)
         filtered = filter_artefacts(
             tiles, artefacts or ArtefactParams(), mask, geometry, slide, mask_path
         )
-    _log_tiles(slide_id, filtered.kept, geometry, mask)
     write_tiles(filtered.kept, geometry, tiles_path, filtered.counts)
     picture = load_picture(mask_qc_path)
     if inside is not None:

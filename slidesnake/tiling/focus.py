@@ -40,21 +40,6 @@ def focus_scores(slide: Slide, tiles: pd.DataFrame, size_level0: int, mpp: float
         starts = np.round((xs[rows] - left) / scale).astype(np.int64)
         scores[rows] = _laplacian_variance(bin_pixels(strip, factor), starts, side)
     return scores
-    level, factor = reduced_level(slide, mpp)
-    downsample = slide.levels[level].downsample
-    scale = downsample * factor  # level-0 px per pixel scored
-    side = max(3, round(size_level0 / scale))
-    level_width, level_height = slide.levels[level].width, slide.levels[level].height
-    xs = tiles["x"].to_numpy()
-    for y, rows in tiles.groupby("y", sort=False).indices.items():
-        left = int(xs[rows].min())
-        width = (round((int(xs[rows].max()) - left) / scale) + side) * factor
-        width = min(width, level_width - int(left // downsample))  # rounding past the edge
-        height = min(side * factor, level_height - int(y // downsample))
-        strip = slide.read(level, left, int(y), width, height)
-        starts = np.round((xs[rows] - left) / scale).astype(np.int64)
-        scores[rows] = _laplacian_variance(bin_pixels(strip, factor), starts, side)
-    return scores
 
 
 def _runs(xs: np.ndarray, ys: np.ndarray, size: int) -> list[np.ndarray]:

@@ -122,7 +122,8 @@ def make_tile_coords(
     picture = load_picture(mask_qc_path)
     if inside is not None:
         picture = draw_mask_contour(picture, inside, REGION)
-    picture = draw_tiles(picture, filtered.dropped, geometry.size_level0, mask, DROPPED)
+    if not filtered.dropped.empty:
+        picture = draw_tiles(picture, filtered.dropped, geometry.size_level0, mask, DROPPED)
     save_picture(draw_tiles(picture, filtered.kept, geometry.size_level0, mask), qc_path)
     return len(filtered.kept)
 

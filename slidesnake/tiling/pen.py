@@ -30,8 +30,8 @@ def detect_pen(rgb: np.ndarray, mpp: float) -> np.ndarray:
 
 
 def hue_degrees(rgb: np.ndarray) -> np.ndarray:
-    """HSV hue in [0, 360), float32; grey pixels get 0. (skimage's rgb2hsv works in
-    float64 and would take four times the memory of a large mask picture.)"""
+    """HSV hue in [0, 360), float32; grey pixels get 0. (skimage's rgb2hsv converts all
+    three channels to float64, twice the memory of these float32 planes and more work.)"""
     r, g, b = (rgb[..., i].astype(np.float32) for i in range(3))
     high, low = np.maximum(np.maximum(r, g), b), np.minimum(np.minimum(r, g), b)
     chroma = np.where(high > low, high - low, 1.0)

@@ -9,15 +9,14 @@ the table's metadata and drawn in the QC picture.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from slidesnake.errors import SlideError
 from slidesnake.slides.slide import Slide
+from slidesnake.tiling.config_section import ConfigSection
 from slidesnake.tiling.focus import focus_scores
 from slidesnake.tiling.grid import TileGeometry, fractions_at
 from slidesnake.tiling.mask_file import TissueMask
@@ -30,17 +29,12 @@ class ArtefactError(SlideError):
 
 
 @dataclass(frozen=True)
-class ArtefactParams:
+class ArtefactParams(ConfigSection):
     """The config's artefacts section: None switches a filter off."""
 
     max_pen_fraction: float | None = None  # drop tiles with more of their area under ink
     min_focus: float | None = None  # drop tiles whose focus score is lower
     focus_mpp: float = 2.0  # resolution the focus score is computed at
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ArtefactParams:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
     @property
     def pen(self) -> bool:

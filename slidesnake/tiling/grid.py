@@ -8,29 +8,23 @@ tile-to-mask scale; the whole grid is computed at once, without a loop over tile
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from slidesnake.tiling.config_section import ConfigSection
 from slidesnake.tiling.mask_file import TissueMask
 
 
 @dataclass(frozen=True)
-class TileParams:
+class TileParams(ConfigSection):
     """Where tiles go: resolution, size and stride in target pixels, tissue needed."""
 
     mpp: float = 0.5
     size: int = 224
     stride: int | None = None  # None means stride = size (no overlap)
     mask_threshold: float = 0.5
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> TileParams:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
     @property
     def step(self) -> int:

@@ -8,18 +8,18 @@ result independent of the picture's resolution.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage as ndi
 from skimage.filters import threshold_otsu
 from skimage.morphology import remove_small_holes, remove_small_objects
 
+from slidesnake.tiling.config_section import ConfigSection
+
 
 @dataclass(frozen=True)
-class TissueParams:
+class TissueParams(ConfigSection):
     """Knobs of tissue detection; the defaults suit H&E at about 8 µm/px."""
 
     mpp: float = 8.0  # resolution of the mask
@@ -28,11 +28,6 @@ class TissueParams:
     min_object_um2: float = 20_000.0  # smaller islands are specks, not tissue
     max_hole_um2: float = 50_000.0  # smaller holes inside tissue are filled
     max_decode_mpx: float = 1000.0  # bound on pixels decoded when there is no reduced level
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> TissueParams:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
 
 def saturation(rgb: np.ndarray) -> np.ndarray:

@@ -446,10 +446,14 @@ def test_reruns_follow_results_not_spelling(workflow, small_slide):
     same["tissue"]["max_decode_mpx"] = 5
     path.write_text(yaml.safe_dump(same, sort_keys=False))
     assert "Nothing to be done" in workflow.run().stderr
+    # Floats for integers (32.0 for the tests' batch size), a default spelled out.
+    floats = ("--config", "model={batch_size: 32.0}", "tiles={size: 224.0, stride: 224}")
+    assert "Nothing to be done" in workflow.run(*floats).stderr
     same["tiles"]["mask_threshold"] = 0.9  # a setting that changes the tiles
     path.write_text(yaml.safe_dump(same, sort_keys=False))
-    rerun = workflow.run()
+    rerun = workflow.run(*floats)  # and the jobs read the integers they need
     assert jobs_run(rerun, "make_tile_coords") == ["s"]
+    assert jobs_run(rerun, "embed_tiles") == ["s"]
     assert jobs_run(rerun, "make_tissue_mask") == []
 
 

@@ -86,7 +86,8 @@ def test_nested_config_overrides_get_their_yaml_types():
     from slidesnake.cohort.config import typed_sections
 
     config = {"samples": "123", "tiles": {"stride": "112", "mpp": "0.5", "x": "null", "n": "a"}}
-    assert typed_sections(config) == {
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    assert typed_sections(config, schema) == {
         "samples": "123",
         "tiles": {"stride": 112, "mpp": 0.5, "x": None, "n": "a"},
     }

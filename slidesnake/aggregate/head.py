@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from slidesnake.aggregate.class_names import check_class_names
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.store import open_embeddings
 from slidesnake.errors import ConfigError, ModelError
@@ -73,6 +74,7 @@ def _natural(key: str) -> list[Any]:
 
 
 def load_head(path: str | Path, classes: list[str] | None, activation: str) -> Head:
+    check_class_names(classes)
     path = Path(path)
     if is_program(path):
         network, in_dim = load_program(path, torch.device("cpu")), None

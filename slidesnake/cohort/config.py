@@ -1,15 +1,18 @@
-"""The run's config: laid over the workflow's defaults, typed, and checked against the
-schema with one line per problem.
+"""The run's config: laid over the workflow's defaults, typed, checked against the schema
+with one line per problem, and its numbers put in the type each setting means.
 
 A module, a snakedeploy deployment or a run from another directory gives only the keys it
 changes; the rest come from the workflow's own config/config.yaml. Snakemake parses
 `--config tiles={stride: 112}` with YAML's base loader, so nested values arrive as
-strings ('112') and would fail schema validation; we re-read such strings as YAML
-scalars, which is what the user typed.
+strings ('112') and would fail schema validation; such a string is re-read as a YAML
+scalar, which is what the user typed, but only where the schema does not take a string:
+a class name "1" or "yes" stays the string it is.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -17,26 +20,65 @@ import yaml
 
 from slidesnake.errors import ConfigError
 
+Schema = dict[str, Any]
 
-def typed_sections(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with string scalars inside its sections read as YAML numbers/bools/null."""
+
+def typed_sections(config: dict[str, Any], schema: Schema) -> dict[str, Any]:
+    """The config with the string scalars of its sections read as YAML numbers, booleans
+    or null wherever the schema wants one of those and not a string."""
     return {
-        key: _typed(value) if isinstance(value, dict) else value for key, value in config.items()
+        key: _typed(value, _child(schema, schema, key), schema)
+        if isinstance(value, dict)
+        else value
+        for key, value in config.items()
     }
 
 
-def _typed(value: Any) -> Any:
+def _typed(value: Any, node: Schema | None, root: Schema) -> Any:
     if isinstance(value, dict):
-        return {key: _typed(item) for key, item in value.items()}
+        return {key: _typed(item, _child(node, root, key), root) for key, item in value.items()}
     if isinstance(value, list):
-        return [_typed(item) for item in value]
-    if isinstance(value, str):
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            return value
-        return parsed if parsed is None or isinstance(parsed, int | float | bool) else value
-    return value
+        return [_typed(item, _items(node, root), root) for item in value]
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if parsed is not None and not isinstance(parsed, int | float | bool):
+        return value
+    types = _types(node, root)
+    if "string" not in types:
+        return parsed
+    return None if parsed is None and "null" in types else value
+
+
+def _resolve(node: Schema | None, root: Schema) -> Schema:
+    while node and "$ref" in node:
+        node = root["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node or {}
+
+
+def _child(node: Schema | None, root: Schema, key: str) -> Schema | None:
+    return _resolve(node, root).get("properties", {}).get(key)
+
+
+def _items(node: Schema | None, root: Schema) -> Schema | None:
+    return _resolve(node, root).get("items")
+
+
+def _types(node: Schema | None, root: Schema) -> set[str]:
+    """The JSON types a (sub)schema accepts; every type when it says nothing."""
+    node = _resolve(node, root)
+    if not node:
+        return {"string", "number", "integer", "boolean", "null", "array", "object"}
+    declared = node.get("type")
+    types = {declared} if isinstance(declared, str) else set(declared or ())
+    for option in node.get("oneOf", []) + node.get("anyOf", []):
+        types |= _types(option, root)
+    for constant in node.get("enum", []):
+        types.add("string" if isinstance(constant, str) else "number")
+    return types
 
 
 def with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -49,14 +91,55 @@ def with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str,
     return merged
 
 
-def check_config(config: dict[str, Any], schema: dict[str, Any]) -> None:
-    """Raise one ConfigError with a line per schema violation, each naming its key."""
+def check_config(config: dict[str, Any], schema: Schema) -> None:
+    """Raise one ConfigError with a line per problem, each naming its key: every schema
+    violation, and every NaN or infinity (JSON Schema compares them as numbers, and NaN
+    passes any minimum and maximum)."""
+    not_finite = [
+        (path, f"{value} is not a finite number; give one")
+        for path, value in _leaves(config, [])
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
+    said = {_key(path) for path, _ in not_finite}
     validator = jsonschema.Draft202012Validator(schema)
-    problems = sorted(validator.iter_errors(config), key=lambda error: list(error.path))
+    problems = not_finite + [
+        (list(p.path), p.message) for p in validator.iter_errors(config) if _key(p.path) not in said
+    ]
     if problems:
-        raise ConfigError(
-            "config:\n  " + "\n  ".join(f"{_key(p.path)}: {p.message}" for p in problems)
-        )
+        lines = [f"{_key(path)}: {message}" for path, message in sorted(problems, key=_order)]
+        raise ConfigError("config:\n  " + "\n  ".join(lines))
+
+
+def _order(problem: tuple[list, str]) -> list[str]:
+    return [str(part) for part in problem[0]]
+
+
+def _leaves(value: Any, path: list) -> Iterator[tuple[list, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaves(item, [*path, index])
+    else:
+        yield path, value
+
+
+def whole_numbers(config: dict[str, Any], schema: Schema) -> dict[str, Any]:
+    """The (checked) config with integer settings as ints: JSON Schema takes 32.0 as an
+    integer, so `batch_size: 32.0` passes it, and a job would then fail on a float; params
+    built from the same values make 32.0 and 32 the same run."""
+    return _whole(config, schema, schema)
+
+
+def _whole(value: Any, node: Schema | None, root: Schema) -> Any:
+    if isinstance(value, dict):
+        return {key: _whole(item, _child(node, root, key), root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole(item, _items(node, root), root) for item in value]
+    types = _types(node, root)
+    integer = "integer" in types and "number" not in types
+    return int(value) if integer and isinstance(value, float) and value.is_integer() else value
 
 
 def _key(path: Any) -> str:

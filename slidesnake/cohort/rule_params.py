@@ -30,6 +30,8 @@ EMBEDDING_FIELDS = (
     "batch_size",
     "output_dtype",
 )
+# What the remote backend leaves to the server.
+SERVER_FIELDS = ("weights", "checkpoint", "precision")
 
 
 def tissue_params(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,6 +44,8 @@ def tissue_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def tile_params(config: Mapping[str, Any]) -> dict[str, Any]:
     params = _canonical(TileParams.from_mapping(config["tiles"]))
+    if params["stride"] == params["size"]:
+        params["stride"] = None  # spelled out, the default: the same grid
     artefacts = _canonical(ArtefactParams.from_mapping(config["artefacts"]))
     if artefacts["max_pen_fraction"] is not None:
         params["max_pen_fraction"] = artefacts["max_pen_fraction"]
@@ -54,7 +58,11 @@ def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:
     settings = EmbedSettings.from_config(config)
     canonical = _canonical(settings)
     params = {name: canonical[name] for name in EMBEDDING_FIELDS}
-    if settings.remote is not None:  # the server's address is not a result; its model is
+    if settings.remote is not None:
+        # The server's address is not a result; its model is. Its weights and precision
+        # are the server's business: a job never reads them.
+        for name in SERVER_FIELDS:
+            del params[name]
         params |= {"backend": "remote", "remote_model": settings.remote.model}
     return params
 

@@ -8,7 +8,13 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from slidesnake.cohort.config import check_config, typed_sections, with_defaults
+from slidesnake.aggregate.class_names import check_class_names
+from slidesnake.cohort.config import (
+    check_config,
+    typed_sections,
+    whole_numbers,
+    with_defaults,
+)
 from slidesnake.cohort.rule_params import (
     embedding_params,
     head_params,
@@ -35,6 +41,7 @@ def load_yaml(path):
 def check_head_config(config):
     """A head that does not fit the model stops the run before any job. Only with a head:
     the model's width may take torch and timm to find."""
+    check_class_names(config["head"]["classes"])
     if not config["head"]["checkpoint"]:
         return
     from slidesnake.aggregate.head import check_head_fits
@@ -49,10 +56,11 @@ def check_head_config(config):
 
 try:
     defaults = load_yaml(workflow.source_path("../../config/config.yaml"))
-    config.update(with_defaults(typed_sections(config), defaults))
-    check_config(
-        config, load_yaml(workflow.source_path("../schemas/config.schema.yaml"))
-    )
+    schema = load_yaml(workflow.source_path("../schemas/config.schema.yaml"))
+    config.update(with_defaults(typed_sections(config, schema), defaults))
+    check_config(config, schema)
+    # Before any params are made and before any job reads them: 32.0 is 32.
+    config.update(whole_numbers(config, schema))
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:

@@ -26,6 +26,8 @@ from slidesnake.errors import ConfigError, ModelError
 from slidesnake.models.checkpoints import is_program, load_program, load_state_dict
 
 ACTIVATIONS = ("softmax", "sigmoid", "none")
+# A column per class in every tile's predictions: 1,000 classes of 100,000 tiles is 400 MB.
+MAX_CLASSES = 1000
 
 
 @dataclass
@@ -66,6 +68,11 @@ def linear_layers(state: dict[str, torch.Tensor], path: Path) -> list[torch.nn.L
                 f"before gives {layers[-1].out_features}"
             )
         layers.append(layer.float())
+    if layers[-1].out_features > MAX_CLASSES:
+        raise ModelError(
+            f"head {path} has {layers[-1].out_features} outputs, more than the "
+            f"{MAX_CLASSES} classes a prediction table holds"
+        )
     return layers
 
 

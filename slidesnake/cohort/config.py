@@ -19,6 +19,7 @@ import jsonschema
 import yaml
 
 from slidesnake.errors import ConfigError
+from slidesnake.side_files import MAX_BYTES, side_file_problem
 
 Schema = dict[str, Any]
 
@@ -144,3 +145,28 @@ def _whole(value: Any, node: Schema | None, root: Schema) -> Any:
 
 def _key(path: Any) -> str:
     return ".".join(map(str, path)) or "(top level)"
+
+
+# The files the config names: (section, key, the most bytes one may hold).
+CONFIG_FILES = (
+    ("model", "checkpoint", None),
+    ("head", "checkpoint", MAX_BYTES["head"]),
+    ("slide", "encoder", None),
+)
+
+
+def check_config_files(config: dict[str, Any]) -> None:
+    """Before any job: every file the config names is a regular file of a size its kind
+    can have (a FIFO would block every job, /dev/zero be read until memory runs out)."""
+    problems = []
+    for section, key, max_bytes in CONFIG_FILES:
+        path = config[section][key]
+        if section == "model" and (config["model"]["backend"] == "remote" or not path):
+            continue  # the server's business, or the model's hub id
+        if not path or str(path).startswith("hf-hub:"):
+            continue
+        problem = side_file_problem(path, max_bytes)
+        if problem is not None:
+            problems.append(f"{section}.{key}: {path} {problem}; correct the path")
+    if problems:
+        raise ConfigError("config:\n  " + "\n  ".join(problems))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 from pathlib import Path
 
 import pandas as pd
 
 from slidesnake.errors import SampleSheetError
+from slidesnake.side_files import side_file_problem
 from slidesnake.slides.mpp import PLAUSIBLE_MPP
 
 # Slide ids become directory names under results/slides/: letters, digits, '.', '_', '-',
@@ -74,33 +74,34 @@ def sheet_warnings(sheet: pd.DataFrame, base_dir: str | Path = ".") -> list[str]
 def _problems(sheet: pd.DataFrame, base_dir: Path) -> list[str]:
     problems = []
     for row, record in enumerate(sheet.itertuples(index=False), start=2):
-        slide_id, path = record.slide_id, record.path
+        slide_id = record.slide_id
         if not SAFE_ID.match(slide_id):
             problems.append(
                 f"line {row}: slide_id {slide_id!r} is not a portable file name (use at "
                 "most 128 letters, digits, '.', '_', '-', starting with a letter, digit "
                 "or '_'; no spaces, '/' or '..')"
             )
-        problems += _path_problems(row, slide_id, path, base_dir)
+        problems += _path_problems(row, slide_id, record, base_dir)
         problems += _mpp_problems(row, slide_id, record.mpp)
     duplicated = sheet["slide_id"][sheet["slide_id"].duplicated()].unique()
     problems += [f"slide_id '{d}' appears more than once" for d in duplicated]
     return problems
 
 
-def _path_problems(row: int, slide_id: str, path: str, base_dir: Path) -> list[str]:
-    if not path.strip():
+def _path_problems(row: int, slide_id: str, record, base_dir: Path) -> list[str]:
+    """The slide and its side files must be regular files (a FIFO blocks its job for
+    ever, a device is read for ever); missing ones fail their own slide's jobs."""
+    if not record.path.strip():
         return [f"line {row}: slide '{slide_id}' has no path"]
-    try:
-        mode = (base_dir / path).stat().st_mode
-    except FileNotFoundError:
-        return []  # a missing slide fails its own jobs (sheet_warnings says so)
-    except OSError as err:
-        return [f"line {row}: slide '{slide_id}': {path} cannot be read ({err.strerror})"]
-    if not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        return [f"line {row}: slide '{slide_id}': {path} is {kind}; give the slide's file"]
-    return []
+    problems = []
+    for column in ("path", "roi", "coords"):
+        path = getattr(record, column).strip()
+        problem = side_file_problem(base_dir / path) if path else None
+        if problem is not None and problem != "file not found":
+            what = "" if column == "path" else f"{column} "
+            fix = "the slide's file" if column == "path" else f"a {column} file"
+            problems.append(f"line {row}: slide '{slide_id}': {what}{path} {problem}; give {fix}")
+    return problems
 
 
 def _mpp_problems(row: int, slide_id: str, mpp: str) -> list[str]:

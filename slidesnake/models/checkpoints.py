@@ -22,6 +22,7 @@ import torch
 
 from slidesnake.errors import ModelError
 from slidesnake.models.pt2_archive import check_archive
+from slidesnake.side_files import side_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def sha256(path: str | Path) -> str:
 def is_program(path: str | Path) -> bool:
     """True for a whole-program checkpoint (.pt2 export or TorchScript)."""
     path = Path(path)
+    check_file(path)
     return path.suffix == ".pt2" or _is_torchscript(path)
 
 
@@ -91,9 +93,17 @@ def _is_torchscript(path: Path) -> bool:
         return any(name.endswith("/constants.pkl") for name in archive.namelist())
 
 
+def check_file(path: Path) -> None:
+    """A regular file, before anything opens it: a FIFO would block the job for ever."""
+    problem = side_file_problem(path)
+    if problem is not None:
+        raise ModelError(f"checkpoint {path} {problem}; give a weights file")
+
+
 def load_program(path: str | Path, device: torch.device) -> torch.nn.Module:
     """A whole-program checkpoint as a module, in the dtype it was saved in."""
     path = Path(path)
+    check_file(path)
     if path.suffix == ".pt2":
         check_archive(path)
     try:
@@ -113,6 +123,7 @@ def load_state_dict(
     """Tensors of a safetensors or PyTorch state-dict file, unwrapped from common wrappers,
     read straight onto `device` in the dtype they were saved in."""
     path = Path(path)
+    check_file(path)
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise ModelError(
             f"checkpoint {path}: unknown format '{path.suffix}'; use .safetensors, "

@@ -13,7 +13,7 @@ from slidesnake.slides.lowres import read_lowres
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.artefacts import ArtefactParams, filter_artefacts
 from slidesnake.tiling.grid import TileGeometry, TileParams, grid_tiles, tile_geometry
-from slidesnake.tiling.imported import imported_tiles, read_coords
+from slidesnake.tiling.imported import imported_tiles, max_tiles, read_coords
 from slidesnake.tiling.mask_file import TissueMask, load_mask, save_mask
 from slidesnake.tiling.pen import detect_pen
 from slidesnake.tiling.qc import (
@@ -109,7 +109,8 @@ def make_tile_coords(
         geometry = tile_geometry(mask, params, read_level, slide.levels[read_level].downsample)
         if coords_path:
             downsamples = [level.downsample for level in slide.levels]
-            coords, size = read_coords(coords_path, slide_id, downsamples)
+            limit = max_tiles(geometry)
+            coords, size = read_coords(coords_path, slide_id, downsamples, limit)
             tiles = imported_tiles(coords, size, geometry, mask, slide_id, coords_path)
             geometry = replace(geometry, coords_source=str(Path(coords_path).resolve()))
         else:

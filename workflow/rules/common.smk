@@ -1,3 +1,4 @@
+import functools
 import os
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from snakemake.utils import validate
 from slidesnake.aggregate.class_names import check_class_names
 from slidesnake.cohort.config import (
     check_config,
+    check_config_files,
     typed_sections,
     whole_numbers,
     with_defaults,
@@ -30,6 +32,7 @@ from slidesnake.cohort.samples import (
 from slidesnake.cohort.summary import failed_slides, write_cohort_summary
 from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.errors import SlidesnakeError
+from slidesnake.side_files import file_digest
 from slidesnake.models.registry import check_model_config, model_spec
 
 
@@ -64,6 +67,7 @@ try:
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:
+        check_config_files(config)
         check_model_config(config["model"], config["tiles"], config["remote"])
         check_head_config(config)
     samples = read_sample_sheet(config["samples"])
@@ -149,13 +153,23 @@ TILE_PARAMS = tile_params(config)
 
 def slide_tile_params(wildcards):
     """tiles.* and the slide's regions (with roi.*) and imported coordinates where it has
-    them; a slide with neither keeps the params it always had."""
+    them, each with its file's digest: a file replaced by another re-runs the slide's
+    tiling even when its mtime is older than the outputs. A slide with neither keeps the
+    params it always had."""
     params = dict(TILE_PARAMS)
-    if SLIDE_ROIS[wildcards.slide_id]:
-        params |= {"roi": SLIDE_ROIS[wildcards.slide_id], "roi_classes": config["roi"]}
-    if SLIDE_COORDS[wildcards.slide_id]:
-        params["coords"] = SLIDE_COORDS[wildcards.slide_id]
+    roi, coords = SLIDE_ROIS[wildcards.slide_id], SLIDE_COORDS[wildcards.slide_id]
+    if roi:
+        params |= {"roi": roi, "roi_classes": config["roi"]}
+        params["roi_sha256"] = side_file_digest(roi)
+    if coords:
+        params |= {"coords": coords, "coords_sha256": side_file_digest(coords)}
     return params
+
+
+@functools.cache
+def side_file_digest(path):
+    """Once per run and file: the params functions run several times per job."""
+    return file_digest(path)
 
 
 def sheet_mpp(wildcards):

@@ -1,0 +1,64 @@
+"""Files a cohort names beside its slides (regions, coordinates, heads, encoders,
+checkpoints), checked as slides are before anything reads them.
+
+A FIFO blocks its reader for ever and a device such as /dev/zero is read until memory
+runs out; a file larger than its format ever needs is refused by its size, before a
+parser spends time and memory on it. Small side files are identified by their digest:
+their size and modification time survive `cp -p` and restores from backup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+MB = 1 << 20
+
+# The largest file of each kind that is read whole into memory.
+MAX_BYTES = {
+    "regions": 100 * MB,  # a GeoJSON of ~3 million vertices
+    "coordinates": 256 * MB,  # a CSV of ~15 million tiles
+    "head": 1024 * MB,
+}
+
+
+def side_file_problem(path: str | Path, max_bytes: int | None = None) -> str | None:
+    """Why `path` cannot be read as a side file, or None: it must exist, be a regular
+    file (after symbolic links) and hold at most `max_bytes`."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if stat.S_ISDIR(status.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file (a pipe, socket or device would block or never end)"
+    if max_bytes is not None and status.st_size > max_bytes:
+        return f"holds {status.st_size / MB:.0f} MB, more than the {max_bytes // MB} MB allowed"
+    return None
+
+
+def read_capped(path: str | Path, max_bytes: int) -> bytes:
+    """The file's bytes; OSError if it grew past `max_bytes` since it was checked."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(f"more than {max_bytes // MB} MB")
+    return data
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a side file, for the params of the rules that read it; 'missing' or
+    the problem for a file that cannot be read (its job then fails with the reason)."""
+    problem = side_file_problem(path, max(MAX_BYTES.values()))
+    if problem is not None:
+        return problem
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(MB), b""):
+            digest.update(block)
+    return digest.hexdigest()

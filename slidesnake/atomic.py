@@ -37,3 +37,49 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+class OutputSet:
+    """Files replaced together: each is written to a temporary sibling, and `commit`
+    renames them all only once every one is written, then removes the members not
+    written this time (a picture that no longer applies). Until the commit, the old
+    files stand as they were."""
+
+    def __init__(self, members: list[Path]) -> None:
+        self.members = [Path(member) for member in members]
+        self._staged: dict[Path, Path] = {}
+
+    def path(self, final: str | Path) -> Path:
+        """Where to write the member `final` now."""
+        final = Path(final)
+        if final not in self.members:
+            raise ValueError(f"{final} is not a member of this output set")
+        tmp = final.with_name(f".{final.name}.staged-{os.getpid()}")
+        self._staged[final] = tmp
+        return tmp
+
+    def commit(self) -> None:
+        for final in self.members:
+            staged = self._staged.get(final)
+            if staged is not None and staged.exists():
+                os.replace(staged, final)
+            else:
+                _remove(final)
+
+    def discard(self) -> None:
+        for staged in self._staged.values():
+            _remove(staged)
+
+
+@contextmanager
+def output_set(members: list[Path]) -> Iterator[OutputSet]:
+    """An OutputSet committed when the block succeeds, discarded when it fails."""
+    for member in members:
+        for stale in Path(member).parent.glob(f".{Path(member).name}.staged-*"):
+            _remove(stale)
+    outputs = OutputSet(members)
+    try:
+        yield outputs
+        outputs.commit()
+    finally:
+        outputs.discard()

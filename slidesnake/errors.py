@@ -82,3 +82,7 @@ class RemoteProtocolError(RemoteError):
 
 class RemoteRefusedError(RemoteError):
     """The server refused the token (401/403): retrying cannot help."""
+
+
+class NonFiniteError(SlidesnakeError):
+    """A model, head or encoder gave NaN or infinite values: never written as a result."""

@@ -177,7 +177,7 @@ RUNS_UNCHECKED = [
     guard_code,
 ]
 HOSTILE_PROGRAMS = [
-    *RUNS_UNCHECKED,
+    *(attack for attack in RUNS_UNCHECKED if attack is not guard_code),
     opaque_constant,
     legacy_weights,
     native_library,
@@ -214,6 +214,54 @@ def test_a_hostile_program_is_refused_before_torch_reads_it(tmp_path, program, a
     with pytest.raises(ModelError, match=rf"checkpoint {path} is refused: .*would run code"):
         build_embedder(model_spec("custom"), "checkpoint", str(path), 224, CPU, "fp32")
     assert not marker.exists()
+
+
+def test_guard_code_is_dropped_never_run(tmp_path, program):
+    marker = tmp_path / "marker"
+    path = rewrite(program, tmp_path / "guarded.pt2", lambda r: guard_code(r, marker))
+    embedder = build_embedder(model_spec("custom"), "checkpoint", str(path), 224, CPU, "fp32")
+    assert embedder.dim == 64
+    assert not marker.exists()
+
+
+class TwoInputEncoder(torch.nn.Module):
+    """A slide encoder as users export them: features and coordinates sharing N."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features, self.coords = torch.nn.Linear(8, 16), torch.nn.Linear(2, 16)
+
+    def forward(self, features: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+        return (self.features(features) + self.coords(coords)).mean(0)
+
+
+def test_a_real_two_input_slide_encoder_loads_and_still_checks_its_shapes(tmp_path):
+    from slidesnake.aggregate.encoder import encode_slide
+    from slidesnake.embed.store import EmbeddingWriter
+
+    tiles = torch.export.Dim("tiles", min=1)
+    module = TwoInputEncoder().eval()
+    example = (torch.randn(5, 8), torch.randn(5, 2))
+    shared = {"features": {0: tiles}, "coords": {0: tiles}}
+    program = torch.export.export(module, example, dynamic_shapes=shared)
+    path = tmp_path / "encoder.pt2"
+    torch.export.save(program, str(path))
+    with zipfile.ZipFile(path) as archive:  # the case the archive check used to refuse
+        model = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        assert json.loads(archive.read(model))["guards_code"]
+    coords = np.array([[0, 0], [224, 0], [448, 0]], np.int64)
+    features = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+    writer = EmbeddingWriter(tmp_path / "e.zarr", coords, 8, "float32")
+    writer.put(np.arange(3), features)
+    writer.finish({"model": "test"})
+    vector = encode_slide(path, tmp_path / "e.zarr")
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(features), torch.from_numpy(coords).float())
+    np.testing.assert_allclose(vector, expected.numpy(), rtol=1e-5, atol=1e-6)
+    from slidesnake.models.checkpoints import load_program
+
+    with pytest.raises(Exception, match="Guard failed"):  # the shape relation, as data
+        load_program(path, CPU)(torch.zeros(3, 8), torch.zeros(2, 2))
 
 
 def test_the_untouched_program_still_loads(tmp_path, program):

@@ -16,16 +16,20 @@ SLIDE_FEATURES = "slide_features.parquet"
 
 def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) -> pd.DataFrame:
     """Write the rows of `slide_ids` that have their slide_features.parquet, and return
-    them (empty: no file). Columns of features missing from a slide (a narrower encoder
-    vector) are NaN."""
+    them; a cohort without any gets the columns and no row. Columns of features missing
+    from a slide (a narrower encoder vector) are NaN."""
     tables = [
         pd.read_parquet(slides / slide_id / SLIDE_FEATURES)
         for slide_id in slide_ids
         if (slides / slide_id / SLIDE_FEATURES).is_file()
     ]
-    if not tables:
-        return pd.DataFrame()
-    table = pd.concat(tables, ignore_index=True)
+    table = (
+        pd.concat(tables, ignore_index=True)
+        if tables
+        else pd.DataFrame({"slide_id": [], "pooling": [], "model": [], "tiles": []}).astype(
+            {"slide_id": str, "pooling": str, "model": str, "tiles": "int64"}
+        )
+    )
     with atomic_output(path) as tmp:
         table.to_parquet(tmp, index=False)
     return table

@@ -22,7 +22,7 @@ def draw_cohort_projection(table: pd.DataFrame, path: str | Path, pooling: str =
     rows = table[table["pooling"] == pooling]
     features = rows.filter(regex=r"^f\d+$").dropna(axis=1, how="all")
     keep = features.notna().all(axis=1).to_numpy()
-    if keep.sum() < 3:
+    if keep.sum() < 3 or features.shape[1] < 2:  # (no slide with a tile has no columns)
         return False
     matrix = features.to_numpy(np.float64)[keep]
     centred = matrix - matrix.mean(axis=0)

@@ -16,7 +16,11 @@ import torch
 
 from slidesnake.embed.store import open_embeddings
 from slidesnake.errors import ModelError
+from slidesnake.finite import require_finite
 from slidesnake.models.checkpoints import load_program
+
+# A column per value in slide_features.parquet: wider than any published slide encoder.
+MAX_WIDTH = 65_536
 
 
 def encode_slide(program_path: str | Path, zarr_path: str | Path) -> np.ndarray | None:
@@ -35,10 +39,18 @@ def encode_slide(program_path: str | Path, zarr_path: str | Path) -> np.ndarray 
             f"slide.encoder {program_path} fails on {tuple(features.shape)} features and "
             f"{tuple(coords.shape)} coordinates ({err}); it must take both"
         ) from None
+    if not isinstance(vector, torch.Tensor):
+        raise ModelError(
+            f"slide.encoder {program_path} returns a {type(vector).__name__}; it must "
+            "return one tensor, a vector per slide"
+        )
     vector = vector.detach().float().squeeze(0)
-    if vector.ndim != 1:
+    if vector.ndim != 1 or len(vector) > MAX_WIDTH:
         raise ModelError(
             f"slide.encoder {program_path} returns shape {tuple(vector.shape)}; it must "
-            "return one vector per slide"
+            f"return one vector per slide, of at most {MAX_WIDTH} values"
         )
-    return vector.numpy()
+    vector = vector.numpy()
+    require_finite(vector, f"slide.encoder {program_path}'s vector",
+                   "check the encoder's weights, and that it takes float32 features")  # fmt: skip
+    return vector

@@ -23,6 +23,7 @@ from slidesnake.aggregate.class_names import check_class_names
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.store import open_embeddings
 from slidesnake.errors import ConfigError, ModelError
+from slidesnake.finite import require_finite
 from slidesnake.models.checkpoints import is_program, load_program, load_state_dict
 
 ACTIVATIONS = ("softmax", "sigmoid", "none")
@@ -152,6 +153,10 @@ def _checked(head: Head, features: np.ndarray) -> np.ndarray:
         raise ModelError(f"the head fails on {features.shape[1]}-d features ({err})") from None
     if out.ndim != 2 or len(out) != len(features):
         raise ModelError(f"the head returns shape {out.shape}; it must map (B, D) to (B, C)")
+    if out.shape[1] > MAX_CLASSES:
+        raise ModelError(f"the head returns {out.shape[1]} classes, more than {MAX_CLASSES}")
+    fix = "check the head's weights: one NaN or infinite weight spoils every tile"
+    require_finite(out, f"head {head.path}'s predictions", fix)
     return out
 
 

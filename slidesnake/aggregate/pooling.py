@@ -15,7 +15,7 @@ import numpy as np
 import zarr
 
 from slidesnake.embed.store import open_embeddings
-from slidesnake.errors import ConfigError
+from slidesnake.errors import ConfigError, NonFiniteError
 
 POOLINGS = ("mean", "max", "median", "sum", "tissue_weighted_mean")
 MEDIAN_COLUMNS = 64  # dimensions per block of the median
@@ -54,7 +54,14 @@ def _accumulated(
     rows = features.shape[0]
     pooled = {"mean": total / rows, "sum": total, "max": largest}
     if "tissue_weighted_mean" in poolings:
-        pooled["tissue_weighted_mean"] = weighted / max(float(np.sum(weights)), 1e-12)
+        total_weight = float(np.sum(weights))
+        if not total_weight > 0:
+            raise NonFiniteError(
+                f"slide.pooling tissue_weighted_mean: the {rows} tiles' tissue fractions sum "
+                f"to {total_weight:g}, so the weighted mean is undefined; use mean for slides "
+                "whose tiles lie off the tissue mask (imported coordinates)"
+            )
+        pooled["tissue_weighted_mean"] = weighted / total_weight
     return pooled
 
 

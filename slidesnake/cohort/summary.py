@@ -25,7 +25,7 @@ from slidesnake.aggregate.cohort_features import (
     gather_slide_predictions,
 )
 from slidesnake.aggregate.cohort_projection import draw_cohort_projection
-from slidesnake.atomic import atomic_output
+from slidesnake.atomic import OutputSet, atomic_output, output_set
 from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
 from slidesnake.tiling.tile_table import read_dropped
@@ -82,6 +82,21 @@ def cohort_table(
     return table.astype(dict.fromkeys(["tiles", *DROPPED], "Int64"))
 
 
+# The cohort files, replaced together by each summary, then the list of the slides they
+# describe: written last, so a summary killed half-way leaves no list and the next run
+# writes the summary again (the workflow's rule list_cohort_slides needs the list).
+COHORT_FILES = (
+    "cohort.tsv",
+    "cohort.html",
+    "cohort_gallery.jpg",
+    "embedding_maps.jpg",
+    SLIDE_FEATURES,
+    "slide_features_pca.png",
+    "slide_predictions.tsv",
+)
+COHORT_SLIDES = ".cohort_slides.txt"
+
+
 def write_cohort_summary(
     slide_ids: Iterable[str],
     results: str | Path,
@@ -90,23 +105,39 @@ def write_cohort_summary(
 ) -> pd.DataFrame:
     """Write the summary of the run started at `since` into `results`: cohort.tsv, the
     same table as cohort.html with links to each slide's pictures, the galleries of QC
-    pictures and of embedding maps, and the slide features of the done slides."""
+    pictures and of embedding maps, and the slide features of the done slides. The files
+    describe exactly `slide_ids` (none included), and are replaced together."""
     results = Path(results)
+    slide_ids = list(slide_ids)
     table = cohort_table(slide_ids, results / "slides", logs, since)
-    with atomic_output(results / "cohort.tsv") as tmp:
-        table.to_csv(tmp, sep="\t", index=False)
-    with atomic_output(results / "cohort.html") as tmp:
-        tmp.write_text(cohort_html(table, results))
-    write_gallery(table, results / "slides", results / "cohort_gallery.jpg")
-    done = table[table["status"] == "done"]
-    write_gallery(done, results / "slides", results / "embedding_maps.jpg", (EMBEDDING_MAP,))
-    features = gather_slide_features(done["slide_id"], results / "slides", results / SLIDE_FEATURES)
-    if not features.empty:
-        draw_cohort_projection(features, results / "slide_features_pca.png")
-    gather_slide_predictions(
-        done["slide_id"], results / "slides", results / "slide_predictions.tsv"
-    )
+    (results / COHORT_SLIDES).unlink(missing_ok=True)
+    with output_set([results / name for name in COHORT_FILES]) as outputs:
+        _write_cohort_files(table, results, outputs)
+    write_cohort_slides(slide_ids, results / COHORT_SLIDES)
     return table
+
+
+def _write_cohort_files(table: pd.DataFrame, results: Path, outputs: OutputSet) -> None:
+    slides = results / "slides"
+    table.to_csv(outputs.path(results / "cohort.tsv"), sep="\t", index=False)
+    outputs.path(results / "cohort.html").write_text(cohort_html(table, results))
+    write_gallery(table, slides, outputs.path(results / "cohort_gallery.jpg"))
+    done = table[table["status"] == "done"]
+    maps = outputs.path(results / "embedding_maps.jpg")
+    write_gallery(done, slides, maps, (EMBEDDING_MAP,))
+    features = gather_slide_features(
+        done["slide_id"], slides, outputs.path(results / SLIDE_FEATURES)
+    )
+    draw_cohort_projection(features, outputs.path(results / "slide_features_pca.png"))
+    gather_slide_predictions(
+        done["slide_id"], slides, outputs.path(results / "slide_predictions.tsv")
+    )
+
+
+def write_cohort_slides(slide_ids: list[str], path: Path) -> None:
+    """The slide ids a summary describes, one per line: the output of list_cohort_slides."""
+    with atomic_output(path) as tmp:
+        tmp.write_text("".join(f"{slide_id}\n" for slide_id in slide_ids))
 
 
 def failed_slides(summary: str | Path) -> set[str]:

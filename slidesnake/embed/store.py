@@ -15,8 +15,13 @@ import zarr
 
 from slidesnake.atomic import atomic_output
 from slidesnake.errors import EmbeddingsError
+from slidesnake.finite import require_finite
 
 CHUNK_ROWS = 4096
+FIX = (
+    "check model.checkpoint's weights (or the server's model); values beyond float16's "
+    "range need output.dtype float32"
+)
 
 
 class EmbeddingWriter:
@@ -41,7 +46,12 @@ class EmbeddingWriter:
         self._written = 0
 
     def put(self, rows: np.ndarray, features: np.ndarray) -> None:
-        """Place `features[i]` at row `rows[i]`; write every chunk that became complete."""
+        """Place `features[i]` at row `rows[i]`; write every chunk that became complete.
+        Features that are not finite in the store's dtype (fp16 overflows at 65504) fail
+        the slide: the store is a temporary that is then removed."""
+        with np.errstate(over="ignore"):  # an overflow becomes inf, which is refused next
+            features = features.astype(self.features.dtype, copy=False)
+        require_finite(features, f"the model's tile features ({self.features.dtype})", FIX)
         chunks = rows // self.chunk_rows
         for chunk in np.unique(chunks):
             here = chunks == chunk

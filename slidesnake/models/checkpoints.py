@@ -16,12 +16,13 @@ import pickle
 import socket
 import threading
 import zipfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from slidesnake.errors import ModelError
-from slidesnake.models.pt2_archive import check_archive
+from slidesnake.models.pt2_archive import check_archive, without_guards
 from slidesnake.side_files import side_file_problem
 
 log = logging.getLogger(__name__)
@@ -104,11 +105,11 @@ def load_program(path: str | Path, device: torch.device) -> torch.nn.Module:
     """A whole-program checkpoint as a module, in the dtype it was saved in."""
     path = Path(path)
     check_file(path)
-    if path.suffix == ".pt2":
-        check_archive(path)
+    guarded = check_archive(path) if path.suffix == ".pt2" else False
     try:
         if path.suffix == ".pt2":
-            return torch.export.load(str(path)).module().to(device)
+            with without_guards(path) if guarded else nullcontext(path) as readable:
+                return torch.export.load(str(readable)).module().to(device)
         return torch.jit.load(str(path), map_location=device).eval()
     except Exception as err:
         raise ModelError(

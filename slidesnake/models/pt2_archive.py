@@ -9,8 +9,12 @@ node names. Any of these runs code from the file. So an archive is accepted only
 none of them can happen: the exact layout `torch.export.save` writes, raw tensor
 payloads, example inputs that load with `weights_only=True`, operators of the `aten` and
 `higher_order` namespaces (or symbolic integer arithmetic), names that are dotted
-identifiers, shape expressions made of sympy arithmetic alone, and no guard code.
-The archive is read with torch's own reader, so both see the same records.
+identifiers, and shape expressions made of sympy arithmetic alone. Guard code (Python
+that `torch.export.save` writes for relations between input shapes, such as a slide
+encoder's features and coordinates sharing their first dimension) is never compiled: the
+archive is loaded from a copy without it, and the program's range constraints, which are
+data, still check every input's shape. The archive is read with torch's own reader, so
+both see the same records.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import io
 import json
 import pickle
 import re
+import tempfile
+import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -76,8 +83,9 @@ class UnsafeArchive(ModelError):
     """A .pt2 archive holds something that would run code when torch loads or runs it."""
 
 
-def check_archive(path: str | Path) -> None:
-    """Refuse `path` unless loading and running it executes nothing from the file."""
+def check_archive(path: str | Path) -> bool:
+    """Refuse `path` unless loading and running it executes nothing from the file, once
+    its guard code is dropped; True if it has guard code (load it `without_guards`)."""
     path = Path(path)
     try:
         reader = torch._C.PyTorchFileReader(str(path))
@@ -92,7 +100,8 @@ def check_archive(path: str | Path) -> None:
         for config, payload in _PAYLOADS.items():
             _check_payloads(json.loads(reader.get_record(config)), payload)
         _check_example_inputs(reader.get_record("data/sample_inputs/model.pt"))
-        _check_program(json.loads(reader.get_record("models/model.json")))
+        program = json.loads(reader.get_record("models/model.json"))
+        _check_program(program)
     except UnsafeArchive as err:
         raise UnsafeArchive(
             f"checkpoint {path} is refused: {err}, which would run code from the file when "
@@ -104,6 +113,23 @@ def check_archive(path: str | Path) -> None:
             f"checkpoint {path} is not a readable .pt2 program ({type(err).__name__}: {err}); "
             "export it again with torch.export.save"
         ) from None
+    return bool(program.get("guards_code"))
+
+
+@contextmanager
+def without_guards(path: str | Path) -> Iterator[Path]:
+    """A temporary copy of the (checked) archive whose program has no guard code."""
+    with tempfile.TemporaryDirectory(prefix="slidesnake-pt2-") as folder:
+        copy = Path(folder) / Path(path).name
+        with zipfile.ZipFile(path) as source, zipfile.ZipFile(copy, "w") as target:
+            for entry in source.infolist():
+                data = source.read(entry)
+                if entry.filename.endswith("/models/model.json"):
+                    program = json.loads(data)
+                    program["guards_code"] = []
+                    data = json.dumps(program).encode()
+                target.writestr(entry.filename, data, zipfile.ZIP_STORED)
+        yield copy
 
 
 def _check_layout(records: set[str]) -> None:
@@ -133,8 +159,6 @@ def _check_example_inputs(data: bytes) -> None:
 
 
 def _check_program(program: dict) -> None:
-    if program.get("guards_code"):
-        raise UnsafeArchive(f"it carries guard code ({program['guards_code'][0][:80]!r})")
     for key, value in _items(program):
         if key == "target" or key == "as_operator":
             _check_operator(value)

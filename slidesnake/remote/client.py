@@ -4,37 +4,75 @@ Requests that may succeed on a second try (connection errors, timeouts, 429, 5xx
 retried with exponential backoff and jitter, so that many slide jobs that lost the
 server together do not come back in step; a `Retry-After` the server sends wins. Refusals
 that no retry changes (401/403, 404, 413, other 4xx) fail at once with what to change.
-The bearer token is read from the environment and lives only in the client's headers.
+The bearer token is read from the environment and lives only in the client's headers;
+it, and a password in the URL, are redacted from every line the job writes. An answer is
+read against a deadline (remote.timeout_s for the whole answer, not per read: a server
+that drips a byte at a time cannot hold a job) and a size bound made from the batch and
+the width, and checked against the output's declared shape and datatype.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import numpy as np
 
 from slidesnake.embed.settings import RemoteSettings
-from slidesnake.errors import ConfigError, RemoteError, RemoteRefusedError
+from slidesnake.errors import ConfigError, RemoteError, RemoteProtocolError, RemoteRefusedError
 from slidesnake.remote.protocol import (
+    DATATYPES,
     HEADER_LENGTH,
     ModelMetadata,
+    TensorMetadata,
     decode_response,
     encode_request,
     parse_metadata,
+    quoted,
 )
+from slidesnake.remote.redaction import protect, protect_userinfo, redact_text
 
 log = logging.getLogger(__name__)
+# httpx logs every request's URL at INFO, credentials included: only its warnings pass.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 BACKOFF_S = 0.5  # the first retry waits 0.25-0.5 s; each next one twice as long
 MAX_BACKOFF_S = 30.0
 MODEL_GRACE_S = 30.0  # a server that has just started may still be loading its models
 _RETRIED_STATUS = {429, 500, 502, 503, 504}
+# The most an answer may hold: its JSON header, and a value per tile and dimension at
+# most this many bytes (24: a float written as JSON text; binary takes 2-8).
+HEADER_BYTES = 1 << 16
+VALUE_BYTES = 24
+PROBE_WIDTH = 1 << 16  # the widest answer accepted while the width is still unknown
+
+
+class AnswerTooSlow(httpx.TimeoutException):
+    """The whole answer did not arrive within remote.timeout_s."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A server's whole answer, read within its deadline and size bound."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
 
 
 class InferenceClient:
@@ -46,6 +84,9 @@ class InferenceClient:
         headers = {}
         if (token := read_token(settings.token_env)) is not None:
             headers["Authorization"] = f"Bearer {token}"
+            protect(token)
+        parts = urlsplit(url)
+        protect_userinfo(parts.username, parts.password)
         self._http = httpx.Client(
             base_url=url.rstrip("/"),
             headers=headers,
@@ -106,39 +147,94 @@ class InferenceClient:
 
     def metadata(self) -> ModelMetadata:
         """The model's inputs and outputs; ConfigError if the server does not have it."""
-        response = self._send("GET", f"/v2/models/{self.settings.model}")
-        return parse_metadata(response.json())
+        answer = self._send("GET", f"/v2/models/{self.settings.model}", HEADER_BYTES)
+        try:
+            return parse_metadata(answer.json())
+        except (ValueError, RecursionError) as err:
+            raise RemoteProtocolError(f"malformed model metadata ({quoted(err)})") from None
 
-    def infer(self, input_name: str, datatype: str, array: np.ndarray, output: str) -> np.ndarray:
-        """One batch through the model; its latency (retries included) is recorded."""
-        body, headers = encode_request(input_name, datatype, array, output)
+    def infer(
+        self,
+        input_name: str,
+        datatype: str,
+        array: np.ndarray,
+        output: TensorMetadata,
+        width: int | None,
+    ) -> np.ndarray:
+        """One batch through the model, its answer checked against `output`'s datatype and
+        (len(array), width); its latency (retries included) is recorded."""
+        body, headers = encode_request(input_name, datatype, array, output.name)
         started = time.perf_counter()
-        response = self._send(
-            "POST", f"/v2/models/{self.settings.model}/infer", content=body, headers=headers
-        )
-        features = decode_response(response.content, response.headers.get(HEADER_LENGTH), output)
+        batch = len(array)
+        limit = HEADER_BYTES + batch * (width or PROBE_WIDTH) * VALUE_BYTES
+        answer = self._send(
+            "POST", f"/v2/models/{self.settings.model}/infer", limit, content=body,
+            headers=headers,
+        )  # fmt: skip
+        features = decode_response(answer.content, answer.headers.get(HEADER_LENGTH), output.name)
+        self._check_answer(features, output, batch, width)
         with self._lock:
             self.latencies_s.append(time.perf_counter() - started)
         return features
 
-    def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _check_answer(
+        self, features: np.ndarray, output: TensorMetadata, batch: int, width: int | None
+    ) -> None:
+        expected = f"({batch}, {width if width else 'D'})"
+        if features.dtype != DATATYPES[output.datatype]:
+            found = next((k for k, v in DATATYPES.items() if v == features.dtype), features.dtype)
+            problem = f"{found} features where its metadata declares {output.datatype}"
+        elif features.ndim != 2 or len(features) != batch or (width and features.shape[1] != width):
+            problem = f"features of shape {features.shape} for {expected}"
+        else:
+            return
+        raise RemoteProtocolError(
+            f"inference server {self.url}, model '{self.settings.model}' answered {problem}; "
+            "fix the served model (or its config) so that it gives what it declares"
+        )
+
+    def _send(self, method: str, path: str, max_bytes: int, **kwargs) -> Answer:
         last = ""
         for attempt in range(self.settings.retries + 1):
             if attempt:
                 with self._lock:
                     self.retries += 1
             try:
-                response = self._http.request(method, path, **kwargs)
+                answer = self._exchange(method, path, max_bytes, **kwargs)
             except httpx.TransportError as err:
                 last = _describe(err)
                 self._pause(attempt, None, last)
                 continue
-            if response.status_code < 300:
-                return response
-            self._refuse(response)
-            last = f"HTTP {response.status_code}: {_text(response)}"
-            self._pause(attempt, response.headers.get("Retry-After"), last)
+            if answer.status_code < 300:
+                return answer
+            self._refuse(answer)
+            last = f"HTTP {answer.status_code}: {_text(answer)}"
+            self._pause(attempt, answer.headers.get("Retry-After"), last)
         raise self._down(last)
+
+    def _exchange(self, method: str, path: str, max_bytes: int, **kwargs) -> Answer:
+        """The whole answer within remote.timeout_s and `max_bytes`."""
+        deadline = time.monotonic() + self.settings.timeout_s
+        with self._http.stream(method, path, **kwargs) as response:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise self._too_large(int(declared), max_bytes)
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise self._too_large(size, max_bytes)
+                if time.monotonic() > deadline:
+                    limit = self.settings.timeout_s
+                    raise AnswerTooSlow(f"the answer took longer than remote.timeout_s ({limit} s)")
+                chunks.append(chunk)
+        return Answer(response.status_code, response.headers, b"".join(chunks))
+
+    def _too_large(self, size: int, max_bytes: int) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            f"inference server {self.url} answered {size:,} bytes or more, more than the "
+            f"{max_bytes:,} its batch and width can need; fix the served model"
+        )
 
     def _pause(self, attempt: int, retry_after: str | None, reason: str) -> None:
         if attempt == self.settings.retries:
@@ -151,7 +247,7 @@ class InferenceClient:
                     self.settings.retries, wait)  # fmt: skip
         time.sleep(wait)
 
-    def _refuse(self, response: httpx.Response) -> None:
+    def _refuse(self, response: Answer) -> None:
         """Raise for an answer no retry changes; return for one worth retrying."""
         self._refuse_on_auth(response)
         status = response.status_code
@@ -171,7 +267,7 @@ class InferenceClient:
             f"inference server {self.url} refused a request (HTTP {status}: {_text(response)})"
         )
 
-    def _refuse_on_auth(self, response: httpx.Response) -> None:
+    def _refuse_on_auth(self, response: Answer | httpx.Response) -> None:
         if response.status_code in (401, 403):
             held = f"the token in ${self.settings.token_env}" if self.settings.token_env else (
                 "a request without a token (set remote.token_env)")  # fmt: skip
@@ -229,10 +325,13 @@ def _retry_after_s(value: str | None) -> float | None:
 
 
 def _describe(err: httpx.TransportError) -> str:
+    if isinstance(err, AnswerTooSlow):
+        return str(err)
     if isinstance(err, httpx.TimeoutException):
         return f"no answer within the timeout ({type(err).__name__})"
-    return f"{type(err).__name__}: {err}"
+    return redact_text(f"{type(err).__name__}: {quoted(err)}")
 
 
-def _text(response: httpx.Response) -> str:
-    return " ".join(response.text.split())[:200]
+def _text(response: Answer | httpx.Response) -> str:
+    """A server's body for a line of the log: short, printable, without our secrets."""
+    return redact_text(quoted(" ".join(response.text[:1000].split())))

@@ -25,7 +25,6 @@ from slidesnake.embed.progress import Progress
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
-from slidesnake.errors import RemoteProtocolError
 from slidesnake.loader.batches import BatchStream, TileBatches
 from slidesnake.models.registry import ModelSpec, model_spec
 from slidesnake.remote.client import InferenceClient
@@ -72,7 +71,7 @@ def embed_slide_remote(
         stream = dataset.stream(settings.workers, settings.prefetch)
         with stream as batches, atomic_output(zarr_path) as tmp:
             writer = EmbeddingWriter(tmp, coords, dim, settings.output_dtype)
-            timings = _run(client, layout, spec, batches, writer, settings)
+            timings = _run(client, layout, spec, batches, writer, settings, dim)
             timings["startup_s"] = timings.pop("first_batch_at") - started
             writer.finish(
                 slide_attributes(slide_path, slide_id, geometry)
@@ -98,22 +97,21 @@ def embed_slide_remote(
 def _probe_width(client: InferenceClient, layout: InputLayout, spec: ModelSpec) -> int:
     """The feature width, from one blank tile, when the server's metadata leaves it open."""
     blank = torch.zeros(1, layout.size, layout.size, 3, dtype=torch.uint8)
-    features = _send(client, layout, spec, blank)
+    features = _send(client, layout, spec, blank, None)
     return int(features.shape[1])
 
 
 def _send(
-    client: InferenceClient, layout: InputLayout, spec: ModelSpec, tiles: torch.Tensor
+    client: InferenceClient,
+    layout: InputLayout,
+    spec: ModelSpec,
+    tiles: torch.Tensor,
+    width: int | None,
 ) -> np.ndarray:
-    """One batch: preprocess (in the request thread: torch releases the GIL) and infer."""
+    """One batch: preprocess (in the request thread: torch releases the GIL) and infer;
+    the answer is checked against the declared output and `width`."""
     array = layout.prepare(tiles, spec)
-    features = client.infer(layout.input.name, layout.input.datatype, array, layout.output.name)
-    if features.ndim != 2 or len(features) != len(tiles):
-        raise RemoteProtocolError(
-            f"inference server {client.url} returned shape {features.shape} for "
-            f"{len(tiles)} tiles; the model must map each tile to one vector"
-        )
-    return features
+    return client.infer(layout.input.name, layout.input.datatype, array, layout.output, width)
 
 
 def _run(
@@ -123,6 +121,7 @@ def _run(
     batches: BatchStream,
     writer: EmbeddingWriter,
     settings: EmbedSettings,
+    dim: int,
 ) -> dict[str, float]:
     """The hot loop: at most max_concurrency requests in flight, features to zarr as
     they come back (in any order: each batch carries its rows)."""
@@ -158,7 +157,7 @@ def _run(
                     break
                 first_batch_at = first_batch_at or time.perf_counter()
                 rows, tiles = item
-                pending[pool.submit(_send, client, layout, spec, tiles)] = rows.numpy()
+                pending[pool.submit(_send, client, layout, spec, tiles, dim)] = rows.numpy()
             while pending:
                 progress.state("waiting for the server")
                 slot_wait += collect(FIRST_COMPLETED)

@@ -9,6 +9,7 @@ receives is covered: one input, one output, the numeric datatypes below.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,23 +97,51 @@ def encode_request(input_name: str, datatype: str, array: np.ndarray, output_nam
 
 
 def decode_response(body: bytes, header_length: str | None, output_name: str) -> np.ndarray:
-    """The tensor `output_name` of an inference response, binary or JSON."""
-    split = int(header_length) if header_length is not None else len(body)
+    """The tensor `output_name` of an inference response, binary or JSON, checked for
+    what it claims: a header length within the body, a binary size that is exactly the
+    shape's, data that is there. RemoteProtocolError (short, quoting nothing long) if not."""
     try:
+        split = _header_length(header_length, len(body))
         header = json.loads(body[:split])
         outputs = {o["name"]: o for o in header["outputs"]}
         output = outputs[output_name]
         dtype = DATATYPES[output["datatype"]]
-        shape = tuple(output["shape"])
+        shape = tuple(int(d) for d in output["shape"])
+        count = math.prod(shape)
+        if any(d < 0 for d in shape) or count > len(body) + _JSON_VALUES:
+            raise ValueError(f"shape {list(shape)} cannot be in a body of {len(body)} bytes")
         if "binary_data_size" not in output.get("parameters", {}):
             return np.asarray(output["data"], dtype=dtype).reshape(shape)
         offset = split
         for entry in header["outputs"]:  # binary outputs follow the header in its order
             if entry is output:
                 break
-            offset += entry.get("parameters", {}).get("binary_data_size", 0)
-        size = output["parameters"]["binary_data_size"]
-        data = np.frombuffer(body, dtype=dtype, count=size // dtype.itemsize, offset=offset)
-        return data.reshape(shape)
-    except (KeyError, TypeError, ValueError) as err:
-        raise RemoteProtocolError(f"malformed inference response ({err!r})") from None
+            offset += int(entry.get("parameters", {}).get("binary_data_size", 0))
+        size = int(output["parameters"]["binary_data_size"])
+        if size != count * dtype.itemsize or offset + size > len(body):
+            raise ValueError(
+                f"binary_data_size {size} does not hold {list(shape)} {output['datatype']}"
+            )
+        return np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError) as err:
+        raise RemoteProtocolError(f"malformed inference response ({quoted(err)})") from None
+
+
+# JSON-encoded outputs: a value takes at least two bytes ("0,"), so a body holds at most
+# half its length in values; the slack covers a tiny body.
+_JSON_VALUES = 64
+
+
+def _header_length(value: str | None, body_length: int) -> int:
+    if value is None:
+        return body_length
+    if not value.isdigit() or int(value) > body_length:
+        raise ValueError(f"{HEADER_LENGTH} {quoted(value, 40)} is not a length within the body")
+    return int(value)
+
+
+def quoted(value: object, limit: int = 200) -> str:
+    """`value` as text for a line of the log: printable characters only, at most `limit`."""
+    text = str(value)
+    text = "".join(c if c.isprintable() else "?" for c in text[: limit + 1])
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -29,7 +29,11 @@ from slidesnake.cohort.samples import (
     read_sample_sheet,
     sheet_warnings,
 )
-from slidesnake.cohort.summary import failed_slides, write_cohort_summary
+from slidesnake.cohort.summary import (
+    COHORT_SLIDES,
+    failed_slides,
+    write_cohort_summary,
+)
 from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.errors import SlidesnakeError
 from slidesnake.side_files import file_digest
@@ -96,9 +100,10 @@ def cohort_targets():
     ]
     if config["head"]["checkpoint"]:
         names += ["predictions.parquet", "slide_prediction.tsv", "heatmaps.png"]
-    return expand(
+    targets = expand(
         "results/slides/{slide_id}/{name}", slide_id=samples.index, name=names
     )
+    return [*targets, f"results/{COHORT_SLIDES}"]
 
 
 # The input functions run several times per slide: plain dicts, not DataFrame.loc (100 µs

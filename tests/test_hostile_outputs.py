@@ -77,11 +77,22 @@ def store(tmp_path):
     return path
 
 
-def test_a_head_with_a_nan_weight_writes_no_predictions(tmp_path, store):
+def test_a_head_with_a_nan_weight_is_refused_on_loading(tmp_path):
     weight = torch.ones(2, 8)
     weight[1, 3] = float("nan")
     torch.save({"weight": weight, "bias": torch.zeros(2)}, tmp_path / "head.pt")
-    head = load_head(tmp_path / "head.pt", ["a", "b"], "softmax")
+    with pytest.raises(ModelError, match="the weight of layer 'weight' holds NaN or infinite"):
+        load_head(tmp_path / "head.pt", ["a", "b"], "softmax")
+
+
+class NanHead(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x[:, :2] - 1)  # NaN for features below 1
+
+
+def test_a_program_head_giving_nan_writes_no_predictions(tmp_path, store):
+    torch.jit.save(torch.jit.script(NanHead()), str(tmp_path / "head.pt"))
+    head = load_head(tmp_path / "head.pt", ["a", "b"], "none")
     with pytest.raises(NonFiniteError, match=r"head .*head.pt's predictions hold 6 NaN"):
         predict_slide(head, store)
 

@@ -61,6 +61,7 @@ def linear_layers(state: dict[str, torch.Tensor], path: Path) -> list[torch.nn.L
     for key in weights:
         weight = state[key]
         bias = state.get(key[: -len("weight")] + "bias")
+        _check_layer(key, weight, bias, path)
         layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
         layer.load_state_dict({"weight": weight, **({"bias": bias} if bias is not None else {})})
         if layers and layers[-1].out_features != layer.in_features:
@@ -75,6 +76,23 @@ def linear_layers(state: dict[str, torch.Tensor], path: Path) -> list[torch.nn.L
             f"{MAX_CLASSES} classes a prediction table holds"
         )
     return layers
+
+
+def _check_layer(key: str, weight: torch.Tensor, bias: torch.Tensor | None, path: Path) -> None:
+    """A layer that maps something to something, with finite numbers of the right shape."""
+    if 0 in weight.shape:
+        raise ModelError(f"head {path}: layer '{key}' has shape {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ModelError(
+            f"head {path}: the bias of layer '{key}' has shape {tuple(bias.shape)}, not "
+            f"({weight.shape[0]},)"
+        )
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is not None and not torch.isfinite(tensor.float()).all():
+            raise ModelError(
+                f"head {path}: the {name} of layer '{key}' holds NaN or infinite values; "
+                "every prediction would be NaN; train or save the head again"
+            )
 
 
 def _natural(key: str) -> list[Any]:

@@ -3,8 +3,8 @@ checkpoints), checked as slides are before anything reads them.
 
 A FIFO blocks its reader for ever and a device such as /dev/zero is read until memory
 runs out; a file larger than its format ever needs is refused by its size, before a
-parser spends time and memory on it. Small side files are identified by their digest:
-their size and modification time survive `cp -p` and restores from backup.
+parser spends time and memory on it. Side files are identified by their digest: their
+size and modification time survive `cp -p` and restores from backup.
 """
 
 from __future__ import annotations
@@ -52,13 +52,36 @@ def read_capped(path: str | Path, max_bytes: int) -> bytes:
 
 
 def file_digest(path: str | Path) -> str:
-    """sha256 of a side file, for the params of the rules that read it; 'missing' or
-    the problem for a file that cannot be read (its job then fails with the reason)."""
-    problem = side_file_problem(path, max(MAX_BYTES.values()))
+    """sha256 of a side file, for the params of the rules that read it, or the problem
+    of a file that cannot be read (its job then fails with the reason). Cached by the
+    file's inode, size, modification and change times: the change time cannot be set
+    back, so a file replaced by `cp -p` or a restore misses the cache."""
+    problem = side_file_problem(path)
     if problem is not None:
         return problem
+    status = os.stat(path)
+    key = f"{os.path.realpath(path)}\0{status.st_ino}\0{status.st_size}\0"
+    key += f"{status.st_mtime_ns}\0{status.st_ctime_ns}"
+    cached = _digest_cache() / hashlib.sha256(key.encode()).hexdigest()
+    try:
+        return cached.read_text().strip()
+    except OSError:
+        pass
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(MB), b""):
             digest.update(block)
-    return digest.hexdigest()
+    value = digest.hexdigest()
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cached.with_name(f".{cached.name}.{os.getpid()}")
+        temporary.write_text(value + "\n")
+        os.replace(temporary, cached)
+    except OSError:
+        pass  # a read-only home costs a hash per run, nothing else
+    return value
+
+
+def _digest_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "slidesnake" / "side-file-sha256"

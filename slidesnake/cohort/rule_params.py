@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from slidesnake.embed.settings import EmbedSettings
+from slidesnake.side_files import file_digest
 from slidesnake.tiling.artefacts import ArtefactParams
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.tissue import TissueParams
@@ -80,11 +81,20 @@ def _canonical(settings: object) -> dict[str, Any]:
 
 
 def slide_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a slide's features: the poolings in order and the encoder program."""
-    return {"pooling": list(config["slide"]["pooling"]), "encoder": config["slide"]["encoder"]}
+    """What decides a slide's features: the poolings in order and the encoder program
+    (with its digest: a replaced file re-runs pooling whatever its modification time)."""
+    encoder = config["slide"]["encoder"]
+    params = {"pooling": list(config["slide"]["pooling"]), "encoder": encoder}
+    if encoder:
+        params["encoder_sha256"] = file_digest(encoder)
+    return params
 
 
 def head_params(config: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a slide's predictions besides its embeddings: the head and its labels."""
+    """What decides a slide's predictions besides its embeddings: the head (and its
+    digest) and its labels."""
     head = config["head"]
-    return {key: head[key] for key in ("checkpoint", "classes", "activation")}
+    params = {key: head[key] for key in ("checkpoint", "classes", "activation")}
+    if head["checkpoint"]:
+        params["checkpoint_sha256"] = file_digest(head["checkpoint"])
+    return params

@@ -53,35 +53,42 @@ def read_capped(path: str | Path, max_bytes: int) -> bytes:
 
 def file_digest(path: str | Path) -> str:
     """sha256 of a side file, for the params of the rules that read it, or the problem
-    of a file that cannot be read (its job then fails with the reason). Cached by the
-    file's inode, size, modification and change times: the change time cannot be set
-    back, so a file replaced by `cp -p` or a restore misses the cache."""
+    of a file that cannot be read (its job then fails with the reason)."""
     problem = side_file_problem(path)
-    if problem is not None:
-        return problem
+    return problem if problem is not None else cached_sha256(path)
+
+
+def cached_sha256(path: str | Path) -> str:
+    """sha256 of a file, cached under $XDG_CACHE_HOME/slidesnake by the file's inode, size,
+    modification and change times: the change time cannot be set back, so a file
+    replaced by `cp -p` or a restore misses the cache."""
     status = os.stat(path)
     key = f"{os.path.realpath(path)}\0{status.st_ino}\0{status.st_size}\0"
     key += f"{status.st_mtime_ns}\0{status.st_ctime_ns}"
-    cached = _digest_cache() / hashlib.sha256(key.encode()).hexdigest()
+    cached = digest_cache() / hashlib.sha256(key.encode()).hexdigest()
     try:
         return cached.read_text().strip()
     except OSError:
         pass
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(MB), b""):
-            digest.update(block)
-    value = digest.hexdigest()
+    value = sha256(path)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         temporary = cached.with_name(f".{cached.name}.{os.getpid()}")
         temporary.write_text(value + "\n")
         os.replace(temporary, cached)
     except OSError:
-        pass  # a read-only home costs a hash per run, nothing else
+        pass  # a read-only home costs a hash per use, nothing else
     return value
 
 
-def _digest_cache() -> Path:
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(MB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def digest_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "slidesnake" / "side-file-sha256"
+    return Path(base) / "slidesnake" / "sha256"

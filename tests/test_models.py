@@ -10,7 +10,7 @@ import timm
 import torch
 
 from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models.checkpoints import WeightsDigest, sha256
+from slidesnake.models.checkpoints import WeightsDigest
 from slidesnake.models.embedder import build_embedder, build_network
 from slidesnake.models.registry import (
     BIOPTIMUS_MEAN,
@@ -21,6 +21,7 @@ from slidesnake.models.registry import (
     check_model_config,
     model_spec,
 )
+from slidesnake.side_files import sha256
 
 CPU = torch.device("cpu")
 TILES = {"size": 224, "mpp": 0.5}
@@ -222,7 +223,7 @@ def test_the_weights_digest_is_computed_once_per_file(tmp_path, monkeypatch):
     path = tmp_path / "weights.safetensors"
     path.write_bytes(b"w" * 5000)
     assert WeightsDigest(path).value() == sha256(path)
-    (cached,) = (tmp_path / "cache" / "slidesnake" / "weights-sha256").iterdir()
+    (cached,) = (tmp_path / "cache" / "slidesnake" / "sha256").iterdir()
     cached.write_text("from the cache\n")
     assert WeightsDigest(path).value() == "from the cache"  # no second read of the file
     path.write_bytes(b"v" * 5000)  # the same size, a new modification time

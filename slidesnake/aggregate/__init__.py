@@ -3,5 +3,5 @@
 of slide features.
 
 Imports `embed` (the store), `tiling` (tile table, mask, QC pictures), `models` (the
-checked loading of programs), `errors` and `atomic`; never the loader.
+checked loading of programs), `errors`, `atomic` and `finite`; never the loader.
 """

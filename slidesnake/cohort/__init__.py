@@ -3,6 +3,7 @@ config (defaults, typed overrides, schema check), each rule's params, running a 
 a job with one-line failures, the cohort summary, and the demo cohort.
 
 Imports `slides`, `tiling` and `embed` (their settings and the demo's synthetic slides),
-`errors` and `atomic`; never torch, timm, the loader or models' heavy side, so that the
-workflow's own Python stays light (tests/test_boundaries.py imports it to check).
+`errors`, `atomic` and `side_files`; never torch, timm, the loader or models' heavy side,
+so that the workflow's own Python stays light (tests/test_boundaries.py imports it to
+check).
 """

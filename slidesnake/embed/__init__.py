@@ -2,6 +2,6 @@
 the loader to the model, the zarr store it writes, progress and watchdog logging, and the
 GPU slot a job claims before CUDA starts.
 
-Imports `loader`, `models`, `tiling` (the tile table), `errors` and `atomic`; never the
-cohort glue.
+Imports `loader`, `models`, `tiling` (the tile table), `errors`, `atomic` and `finite`;
+never the cohort glue.
 """

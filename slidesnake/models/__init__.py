@@ -2,6 +2,6 @@
 no code runs from a file), and the embedder that preprocesses and runs a batch on its
 device.
 
-Imports `errors` only; never the loader, tiling or embedding, so that a model can be built
-and tested without a slide.
+Imports `errors` and `side_files` (a checkpoint is a regular file) only; never the loader,
+tiling or embedding, so that a model can be built and tested without a slide.
 """

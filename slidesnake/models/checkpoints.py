@@ -9,7 +9,6 @@ torch's C++ loader, whose unpickler builds tensors and TorchScript objects only.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import pickle
@@ -23,7 +22,7 @@ import torch
 
 from slidesnake.errors import ModelError
 from slidesnake.models.pt2_archive import check_archive, without_guards
-from slidesnake.side_files import side_file_problem
+from slidesnake.side_files import cached_sha256, side_file_problem
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +31,9 @@ STATE_DICT_SUFFIXES = {".safetensors", ".pt", ".pth", ".bin"}
 
 class WeightsDigest(threading.Thread):
     """The sha256 of a weights file, for the store's attributes, without a full read of
-    the file per slide on the critical path: a digest is cached per file (path, size,
-    modification time) under $XDG_CACHE_HOME/slidesnake, and a file not yet cached is
-    hashed in this thread while tiles stream. `value()` waits for it."""
+    the file per slide on the critical path: digests are cached per file
+    (`side_files.cached_sha256`), and a file not yet cached is hashed in this thread
+    while tiles stream. `value()` waits for it."""
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(name="weights-sha256", daemon=True)
@@ -43,41 +42,13 @@ class WeightsDigest(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        status = self.path.stat()
-        key = f"{self.path.resolve()}\0{status.st_size}\0{status.st_mtime_ns}"
-        cached = digest_cache() / hashlib.sha256(key.encode()).hexdigest()
-        try:
-            self.digest = cached.read_text().strip()
-            return
-        except OSError:
-            pass
-        self.digest = sha256(self.path)
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            temporary = cached.with_name(f".{cached.name}.{os.getpid()}")
-            temporary.write_text(self.digest + "\n")
-            os.replace(temporary, cached)
-        except OSError as err:  # a read-only home costs a re-hash per slide, nothing else
-            log.info("cannot cache the weights digest in %s (%s)", cached.parent, err)
+        self.digest = cached_sha256(self.path)
 
     def value(self) -> str:
         self.join()
         if self.digest is None:
             raise ModelError(f"checkpoint {self.path} could not be read to hash it")
         return self.digest
-
-
-def digest_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "slidesnake" / "weights-sha256"
-
-
-def sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_program(path: str | Path) -> bool:

@@ -1,5 +1,6 @@
 """Tiling: tissue detection, the mask file, the tile grid, the tile table, QC pictures, and
 the mask and tile stages of one slide that put them together.
 
-Imports `slides`, `errors` and `atomic`; never torch, the loader, models or embedding.
+Imports `slides`, `errors`, `atomic` and `side_files`; never torch, the loader, models or
+embedding.
 """

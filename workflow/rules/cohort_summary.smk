@@ -1,9 +1,6 @@
 # The cohort summary is no rule: Snakemake skips every job downstream of a failed one, and
 # the summary must say which slides failed. The onsuccess and onerror handlers write it.
-# Snakemake calls neither when it has nothing to do, so the list of the slides the summary
-# describes is an output of its own: a new sheet (a slide removed, an emptied sheet) or a
-# summary killed before its end (it writes the list last) gives the run a job, and the
-# handler then writes the summary.
+# Snakemake calls neither when it has nothing to do: see cohort_slides.smk.
 
 RUN_STARTED = time.time()
 COHORT_FILES = {
@@ -42,14 +39,3 @@ def cohort_file(path, caption):
     # A call of its own: Snakemake's parser takes a line that starts with `report` for
     # its `report:` keyword.
     return report(path, caption=caption, category="Cohort")
-
-
-rule list_cohort_slides:
-    output:
-        f"results/{COHORT_SLIDES}",
-    log:
-        "logs/list_cohort_slides.log",
-    params:
-        slides=list(samples.index),
-    script:
-        "../../scripts/list_cohort_slides.py"

@@ -22,7 +22,15 @@ from slidesnake.tiling.imported import CoordsError, read_coords
 from slidesnake.tiling.polygon_fill import fill_ring
 from slidesnake.tiling.regions import RegionError, read_regions
 
-FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same examples on every run, so that CI is never red by chance; a
+# developer widens the search with --hypothesis-seed or more max_examples.
+FUZZ = settings(
+    max_examples=150,
+    deadline=2000,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 DOWNSAMPLES = [1.0, 4.0, 16.0]
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
@@ -123,12 +131,12 @@ def test_any_parquet_of_coordinates_loads_or_fails_with_a_line(rows):
 
 
 dtypes = st.sampled_from(["i8", "u8", "f4", "f8", "?", "S3", "i1"])
+attribute_text = st.text(st.characters(blacklist_characters="\x00"), max_size=3)  # h5py's rule
 attributes = st.dictionaries(
     st.sampled_from(["patch_size_level0", "patch_size", "patch_level"]),
-    st.integers(-5, 2**40) | st.floats() | st.text(max_size=3) | st.lists(st.integers(0, 9),
-                                                                           max_size=3),
+    st.integers(-5, 2**40) | st.floats() | attribute_text | st.lists(st.integers(0, 9), max_size=3),
     max_size=3,
-)  # fmt: skip
+)
 
 
 @FUZZ
@@ -186,7 +194,7 @@ def test_any_head_state_dict_loads_or_fails_with_a_line(state, fill, suffix):
     assert out.shape == (2, len(head.classes))
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=2000, derandomize=True, database=None)
 @given(st.lists(st.tuples(st.floats(-5, 45), st.floats(-5, 35)), min_size=3, max_size=3))
 def test_a_triangle_fills_exactly_the_pixels_whose_centre_it_holds(corners):
     cols, rows = (np.array(values) for values in zip(*corners, strict=True))

@@ -9,6 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def one_line(value: object, limit: int = 200) -> str:
+    """Text from elsewhere (a library's message, a server's body) made fit for an error
+    line: one line of printable characters, at most `limit` of them."""
+    text = " ".join(str(value)[: 4 * limit].split())
+    text = "".join(c if c.isprintable() else "?" for c in text[: limit + 1])
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 class SlidesnakeError(Exception):
     """Base class of all errors slidesnake raises on purpose."""
 

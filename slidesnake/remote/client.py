@@ -27,7 +27,13 @@ import httpx
 import numpy as np
 
 from slidesnake.embed.settings import RemoteSettings
-from slidesnake.errors import ConfigError, RemoteError, RemoteProtocolError, RemoteRefusedError
+from slidesnake.errors import (
+    ConfigError,
+    RemoteError,
+    RemoteProtocolError,
+    RemoteRefusedError,
+    one_line,
+)
 from slidesnake.remote.protocol import (
     DATATYPES,
     HEADER_LENGTH,
@@ -36,7 +42,6 @@ from slidesnake.remote.protocol import (
     decode_response,
     encode_request,
     parse_metadata,
-    quoted,
 )
 from slidesnake.remote.redaction import protect, protect_userinfo, redact_text
 
@@ -151,7 +156,7 @@ class InferenceClient:
         try:
             return parse_metadata(answer.json())
         except (ValueError, RecursionError) as err:
-            raise RemoteProtocolError(f"malformed model metadata ({quoted(err)})") from None
+            raise RemoteProtocolError(f"malformed model metadata ({one_line(err)})") from None
 
     def infer(
         self,
@@ -329,9 +334,9 @@ def _describe(err: httpx.TransportError) -> str:
         return str(err)
     if isinstance(err, httpx.TimeoutException):
         return f"no answer within the timeout ({type(err).__name__})"
-    return redact_text(f"{type(err).__name__}: {quoted(err)}")
+    return redact_text(f"{type(err).__name__}: {one_line(err)}")
 
 
 def _text(response: Answer | httpx.Response) -> str:
     """A server's body for a line of the log: short, printable, without our secrets."""
-    return redact_text(quoted(" ".join(response.text[:1000].split())))
+    return redact_text(one_line(response.text))

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from slidesnake.errors import RemoteProtocolError
+from slidesnake.errors import RemoteProtocolError, one_line
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -124,7 +124,7 @@ def decode_response(body: bytes, header_length: str | None, output_name: str) ->
             )
         return np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
     except (KeyError, TypeError, ValueError, IndexError, RecursionError) as err:
-        raise RemoteProtocolError(f"malformed inference response ({quoted(err)})") from None
+        raise RemoteProtocolError(f"malformed inference response ({one_line(err)})") from None
 
 
 # JSON-encoded outputs: a value takes at least two bytes ("0,"), so a body holds at most
@@ -136,12 +136,5 @@ def _header_length(value: str | None, body_length: int) -> int:
     if value is None:
         return body_length
     if not value.isdigit() or int(value) > body_length:
-        raise ValueError(f"{HEADER_LENGTH} {quoted(value, 40)} is not a length within the body")
+        raise ValueError(f"{HEADER_LENGTH} {one_line(value, 40)} is not a length within the body")
     return int(value)
-
-
-def quoted(value: object, limit: int = 200) -> str:
-    """`value` as text for a line of the log: printable characters only, at most `limit`."""
-    text = str(value)
-    text = "".join(c if c.isprintable() else "?" for c in text[: limit + 1])
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from slidesnake.errors import SlideError
+from slidesnake.errors import SlideError, one_line
 from slidesnake.side_files import MAX_BYTES, side_file_problem
 from slidesnake.tiling.grid import TileGeometry, fractions_at
 from slidesnake.tiling.mask_file import TissueMask
@@ -67,7 +67,8 @@ def read_coords(
     except CoordsProblem as err:
         raise fail(str(err)) from None
     except (OSError, KeyError, ValueError, TypeError, RecursionError) as err:
-        raise fail(f"the coordinates cannot be read ({type(err).__name__}: {err})") from None
+        problem = f"{type(err).__name__}: {one_line(err)}"
+        raise fail(f"the coordinates cannot be read ({problem})") from None
     return _integers(values, fail), size
 
 

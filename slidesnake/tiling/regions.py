@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from slidesnake.errors import SlideError
+from slidesnake.errors import SlideError, one_line
 from slidesnake.side_files import MAX_BYTES, read_capped, side_file_problem
 from slidesnake.tiling.mask_file import TissueMask
 from slidesnake.tiling.polygon_fill import RingTooComplexError, fill_ring
@@ -86,7 +86,7 @@ def _document(path: str | Path, fail) -> Any:
     except RecursionError:
         raise fail("the regions file is nested too deeply to be GeoJSON") from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise fail(f"the regions file cannot be read as GeoJSON ({err})") from None
+        raise fail(f"the regions file cannot be read as GeoJSON ({one_line(err)})") from None
 
 
 def _features(document: Any, fail) -> list[dict[str, Any]]:

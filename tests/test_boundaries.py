@@ -138,3 +138,27 @@ def test_a_forbidden_import_is_caught(tmp_path, room, source, caught):
     module.write_text(source)
     found = violations(module, room)
     assert len(found) == 1 and caught in found[0]
+
+
+# The rules whose jobs run no network: masking, tiling, pooling, the embedding map and the
+# cohort's slide list. A torch import costs each such job seconds of start-up per slide.
+TORCH_FREE_SCRIPTS = [
+    "tissue_mask.py",
+    "tile_coords.py",
+    "pool_slide.py",
+    "draw_embedding_map.py",
+    "list_cohort_slides.py",
+]
+
+
+@pytest.mark.parametrize("script", TORCH_FREE_SCRIPTS)
+def test_a_rule_script_without_a_network_imports_no_torch(script):
+    path = PACKAGE.parent / "scripts" / script
+    modules = sorted({module.rsplit(".", 1)[0] for _, module in imports(path)})
+    assert modules and all(m.startswith("slidesnake") for m in modules), modules
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr

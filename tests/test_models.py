@@ -130,6 +130,7 @@ FORMATS = {
     "checkpoint.pth": ("timm:test_vit", save_wrapped_state_dict),
     "pytorch_model.bin": ("timm:test_vit", save_state_dict),
     "program.pt2": ("custom", save_export),
+    "architecture.pt2": ("timm:test_vit", save_export),  # the weights, into the architecture
     "scripted.pt": ("custom", save_torchscript),
 }
 
@@ -145,6 +146,36 @@ def test_every_weight_format_gives_the_models_own_output(tmp_path, filename):
     assert embedder.dim == 64
     assert embedder.weights_digest().value() == sha256(path)
     assert not any(t.is_meta for t in embedder.network.state_dict().values())
+
+
+class Wrapped(torch.nn.Module):
+    """A model exported inside a wrapper of the user's: other parameter names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = tiny_vit()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_an_architectures_pt2_gives_its_weights_without_loading_the_program(tmp_path, monkeypatch):
+    path = save_export(tiny_vit(), tmp_path / "model.pt2")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.export.load was called")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.export, "load", refuse)
+        embedder = build_embedder(model_spec("timm:test_vit"), "checkpoint", str(path), 224,
+                                  CPU, "fp32")  # fmt: skip
+    tiles = tiles_batch()
+    torch.testing.assert_close(embedder(tiles), reference(tiny_vit(), tiles), atol=1e-5, rtol=1e-5)
+    # Weights the architecture does not name: the archive runs as the program it is.
+    wrapped = save_export(Wrapped().eval(), tmp_path / "wrapped.pt2")
+    embedder = build_embedder(model_spec("timm:test_vit"), "checkpoint", str(wrapped), 224, CPU,
+                              "fp32")  # fmt: skip
+    torch.testing.assert_close(embedder(tiles), reference(tiny_vit(), tiles), atol=1e-5, rtol=1e-5)
 
 
 def test_a_program_runs_in_the_dtype_it_was_exported_in(tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from slidesnake.errors import ModelError
-from slidesnake.models.pt2_archive import check_archive, without_guards
+from slidesnake.models.pt2_archive import archive_weights, check_archive, without_guards
 from slidesnake.side_files import cached_sha256, side_file_problem
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ def load_state_dict(
     read straight onto `device` in the dtype they were saved in."""
     path = Path(path)
     check_file(path)
+    if path.suffix == ".pt2":
+        return _archive_state_dict(path, device)
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise ModelError(
             f"checkpoint {path}: unknown format '{path.suffix}'; use .safetensors, "
@@ -125,6 +127,20 @@ def load_state_dict(
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"checkpoint {path} is not a state dict of tensors")
     return state
+
+
+def _archive_state_dict(path: Path, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The weights of a .pt2 program, for an architecture of ours: checked like any
+    archive, read without building the program."""
+    check_archive(path)
+    try:
+        state = archive_weights(path)
+    except (KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise ModelError(
+            f"checkpoint {path}: its weights cannot be read ({type(err).__name__}: {err}); "
+            "export it again with torch.export.save"
+        ) from None
+    return {name: tensor.to(device) for name, tensor in state.items()}
 
 
 def fetch_from_hub(hub_id: str) -> Path:

@@ -127,7 +127,10 @@ def build_embedder(
 ) -> Embedder:
     """Build the network of `spec` and load its weights; fails before any tile is read."""
     path = _checkpoint_path(spec, weights, checkpoint)
-    if path is not None and is_program(path):
+    # A .pt2 of a registry or timm: architecture gives its weights to the architecture:
+    # torch.export.load would rebuild the program, seconds of every job's start-up.
+    weights_only = path is not None and path.suffix == ".pt2" and spec.architecture is not None
+    if path is not None and not weights_only and is_program(path):
         return _program_embedder(spec, path, input_size, device, precision)
     if spec.architecture is None:
         raise ConfigError(
@@ -143,7 +146,13 @@ def build_embedder(
             network = build_network(spec, input_size)
     built = clock()
     if path is not None:
-        _fill(network.network, load_state_dict(path, device), path, spec)
+        try:
+            _fill(network.network, load_state_dict(path, device), path, spec)
+        except UnfitWeights as err:
+            if not weights_only:
+                raise
+            log.info("%s; running the archive as the program it is", err)
+            return _program_embedder(spec, path, input_size, device, precision)
     loaded = clock()
     network = network.to(device=device, dtype=dtype).eval()
     placed = clock()
@@ -249,16 +258,20 @@ def _resolve_layer(value: object) -> object:
     return value
 
 
+class UnfitWeights(ModelError):
+    """A checkpoint's tensors are not the architecture's: other names or shapes."""
+
+
 def _fill(network: torch.nn.Module, state: dict, path: Path, spec: ModelSpec) -> None:
     try:
         result = network.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # shapes that differ
-        raise ModelError(
+        raise UnfitWeights(
             f"checkpoint {path} does not fit architecture {spec.architecture} of model "
             f"'{spec.name}' ({str(err).splitlines()[1].strip()}); check model.name"
         ) from None
     if result.missing_keys or result.unexpected_keys:
-        raise ModelError(
+        raise UnfitWeights(
             f"checkpoint {path} does not fit architecture {spec.architecture} of model "
             f"'{spec.name}': missing {result.missing_keys[:5]}, unexpected "
             f"{result.unexpected_keys[:5]}; check model.name against the checkpoint"

@@ -252,3 +252,38 @@ def _check_spec(spec: object) -> None:
         if not isinstance(node, dict) or node.get("type") not in _SPEC_TYPES:
             raise UnsafeArchive(f"its inputs or outputs are of type {str(node)[:80]!r}")
         pending.extend(node.get("children_spec", []))
+
+
+# torch.export's serialised dtypes (its schema's ScalarType), for the dtypes of weights.
+_DTYPES = {
+    1: torch.uint8, 2: torch.int8, 3: torch.int16, 4: torch.int32, 5: torch.int64,
+    6: torch.float16, 7: torch.float32, 8: torch.float64, 12: torch.bool, 13: torch.bfloat16,
+}  # fmt: skip
+
+
+def archive_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The parameters and buffers of a (checked) archive as plain tensors, read from its
+    records: the weights alone, for an architecture built here. `torch.export.load` would
+    also rebuild the program, which costs seconds per job."""
+    reader = torch._C.PyTorchFileReader(str(path))
+    config = json.loads(reader.get_record("data/weights/model_weights_config.json"))["config"]
+    storages: dict[str, torch.Tensor] = {}
+    state = {}
+    for fqn, payload in config.items():
+        meta = payload["tensor_meta"]
+        dtype = _DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise ValueError(f"weight '{fqn}' has a dtype slidesnake does not read")
+        record = f"data/weights/{payload['path_name']}"
+        if record not in storages:  # weights that alias share one record
+            numel = reader.get_record_size(record) // torch._utils._element_size(dtype)
+            flat = torch.empty(0, dtype=dtype)
+            flat.set_(reader.get_storage_from_record(record, numel, dtype).untyped_storage())
+            storages[record] = flat
+        state[fqn] = torch.as_strided(
+            storages[record],
+            [size["as_int"] for size in meta["sizes"]],
+            [stride["as_int"] for stride in meta["strides"]],
+            meta["storage_offset"]["as_int"],
+        )
+    return state

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -293,3 +296,24 @@ def test_features_survive_the_next_batch_when_a_program_returns_a_view(tmp_path)
     expected = first.clone()
     embedder(torch.full((2, 448, 448, 3), 255, dtype=torch.uint8))
     torch.testing.assert_close(first, expected)
+
+
+CHECK_TIMM_NAME = """
+import sys
+from slidesnake.models.registry import check_model_config
+check_model_config({"name": "timm:test_vit", "weights": "random"}, {"size": 224, "mpp": 0.5})
+print("timm" in sys.modules)
+"""
+
+
+def test_a_timm_architecture_found_once_is_checked_without_importing_timm(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [
+        subprocess.run([sys.executable, "-c", CHECK_TIMM_NAME], capture_output=True, text=True,
+                       env=env, check=True).stdout.strip()
+        for _ in range(2)
+    ]  # fmt: skip
+    assert runs == ["True", "False"]
+    with pytest.raises(ConfigError, match="timm has no architecture"):  # never remembered
+        check_model_config({"name": "timm:not_a_model", "weights": "random"},
+                           {"size": 224, "mpp": 0.5})  # fmt: skip

@@ -6,7 +6,11 @@ any job starts. Constants come from the models' cards; weights are never bundled
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,6 +141,11 @@ def check_model_config(
 
 
 def _check_timm_architecture(architecture: str) -> None:
+    """timm must know the architecture. Importing timm costs seconds (torch, torchvision)
+    at every start of the workflow, so a name found once is remembered per timm version."""
+    known = _known_architectures() / architecture if _ARCHITECTURE.fullmatch(architecture) else None
+    if known is not None and known.is_file():
+        return
     import timm  # here only: the registry stays cheap to import for other models
 
     if not timm.is_model(architecture):
@@ -145,6 +154,19 @@ def _check_timm_architecture(architecture: str) -> None:
         raise ConfigError(
             f"model.name 'timm:{architecture}': timm has no architecture '{architecture}'{hint}"
         )
+    if known is not None:
+        with contextlib.suppress(OSError):  # a read-only home: the check costs an import
+            known.parent.mkdir(parents=True, exist_ok=True)
+            known.touch()
+
+
+# Names that are safe as file names (the config's string, not a path).
+_ARCHITECTURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,127}")
+
+
+def _known_architectures() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "slidesnake" / f"timm-{metadata.version('timm')}-architectures"
 
 
 def weights_source(spec: ModelSpec, weights: str, checkpoint: str | None) -> str | None:

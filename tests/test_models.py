@@ -317,3 +317,22 @@ def test_a_timm_architecture_found_once_is_checked_without_importing_timm(tmp_pa
     with pytest.raises(ConfigError, match="timm has no architecture"):  # never remembered
         check_model_config({"name": "timm:not_a_model", "weights": "random"},
                            {"size": 224, "mpp": 0.5})  # fmt: skip
+
+
+def test_a_programs_declared_width_spares_the_probe_tile(tmp_path, monkeypatch):
+    from slidesnake.models import embedder as embedder_module
+    from slidesnake.models.pt2_archive import declared_width
+
+    path = save_export(tiny_vit(), tmp_path / "model.pt2")
+
+    def refuse(embedder):
+        raise AssertionError("a tile ran through the program to learn its width")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(embedder_module, "_probe_dim", refuse)
+        embedder = build_embedder(model_spec("custom"), "checkpoint", str(path), 224, CPU, "fp32")
+    assert embedder.dim == 64 and embedder(tiles_batch()).shape == (3, 64)
+    # What the archive does not declare plainly, one tile tells (and checks): a static
+    # batch, another input size.
+    assert declared_width(static_batch_program(tmp_path), 224) is None
+    assert declared_width(path, 256) is None

@@ -29,6 +29,7 @@ from slidesnake.models.checkpoints import (
     load_program,
     load_state_dict,
 )
+from slidesnake.models.pt2_archive import declared_width
 from slidesnake.models.registry import ModelSpec, weights_source
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,8 @@ def build_embedder(
 def _program_embedder(
     spec: ModelSpec, path: Path, input_size: int, device: torch.device, precision: str
 ) -> Embedder:
-    """A .pt2 or TorchScript program, whose width only one tile through it can tell."""
+    """A .pt2 or TorchScript program: the width as a .pt2 declares it, else from one tile
+    through the program."""
     started = time.perf_counter()
     network = load_program(path, device)  # loads onto the device: no build, no move
     dtype = next((p.dtype for p in network.parameters() if p.is_floating_point()), None)
@@ -177,7 +179,8 @@ def _program_embedder(
         spec, network, device, dtype or model_dtype(precision, device), input_size, 0, path
     )
     loaded = time.perf_counter()
-    embedder.dim = _probe_dim(embedder)
+    declared = declared_width(path, input_size) if path.suffix == ".pt2" else None
+    embedder.dim = declared or _probe_dim(embedder)
     embedder.load_s = {
         "model_build_s": 0.0,
         "weights_load_s": loaded - started,

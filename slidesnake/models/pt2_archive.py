@@ -287,3 +287,30 @@ def archive_weights(path: str | Path) -> dict[str, torch.Tensor]:
             meta["storage_offset"]["as_int"],
         )
     return state
+
+
+def declared_width(path: str | Path, input_size: int) -> int | None:
+    """The width of a program's features as its (checked) archive declares it, so that no
+    tile need run through it at start-up: one input [batch, 3, input_size, input_size] and
+    one output [batch, D], the batch symbolic and the same. None for anything else (then
+    one tile through the program tells, and checks it runs)."""
+    reader = torch._C.PyTorchFileReader(str(path))
+    program = json.loads(reader.get_record("models/model.json"))["graph_module"]
+    try:
+        values, signature = program["graph"]["tensor_values"], program["signature"]
+        (x,) = [values[_user_tensor(s, "user_input")]["sizes"]
+                for s in signature["input_specs"] if "user_input" in s]  # fmt: skip
+        (y,) = [values[_user_tensor(s, "user_output")]["sizes"]
+                for s in signature["output_specs"] if "user_output" in s]  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(x) != 4 or len(y) != 2 or "as_expr" not in x[0] or x[0] != y[0]:
+        return None
+    if [size.get("as_int") for size in x[1:]] != [3, input_size, input_size]:
+        return None
+    width = y[1].get("as_int")
+    return width if isinstance(width, int) and width > 0 else None
+
+
+def _user_tensor(spec: dict, kind: str) -> str:
+    return spec[kind]["arg"]["as_tensor"]["name"]

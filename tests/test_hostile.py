@@ -224,6 +224,22 @@ def test_guard_code_is_dropped_never_run(tmp_path, program):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("attack", HOSTILE_PROGRAMS, ids=lambda f: f.__name__)
+def test_guard_code_opens_no_way_around_the_check(tmp_path, program, attack):
+    """An archive with guard code is loaded from a copy: every attack beside the guard
+    code is still refused, and neither payload runs."""
+    marker, guard_marker = tmp_path / "marker", tmp_path / "guard-marker"
+
+    def both(records: dict[str, bytes]) -> None:
+        guard_code(records, guard_marker)
+        attack(records, marker)
+
+    path = rewrite(program, tmp_path / "hostile.pt2", both)
+    with pytest.raises(ModelError, match=rf"checkpoint {path} is refused: .*would run code"):
+        build_embedder(model_spec("custom"), "checkpoint", str(path), 224, CPU, "fp32")
+    assert not marker.exists() and not guard_marker.exists()
+
+
 class TwoInputEncoder(torch.nn.Module):
     """A slide encoder as users export them: features and coordinates sharing N."""
 

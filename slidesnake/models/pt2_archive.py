@@ -118,17 +118,23 @@ def check_archive(path: str | Path) -> bool:
 
 @contextmanager
 def without_guards(path: str | Path) -> Iterator[Path]:
-    """A temporary copy of the (checked) archive whose program has no guard code."""
+    """A temporary copy of the archive whose program has no guard code, checked as torch
+    will read it. The records come from torch's own reader, the one the check used, so
+    the copy holds what was checked (a second zip reader could see other records in a
+    crafted file); the copy is checked again before it is handed over."""
+    reader = torch._C.PyTorchFileReader(str(path))
     with tempfile.TemporaryDirectory(prefix="slidesnake-pt2-") as folder:
         copy = Path(folder) / Path(path).name
-        with zipfile.ZipFile(path) as source, zipfile.ZipFile(copy, "w") as target:
-            for entry in source.infolist():
-                data = source.read(entry)
-                if entry.filename.endswith("/models/model.json"):
+        with zipfile.ZipFile(copy, "w", zipfile.ZIP_STORED) as target:
+            for record in reader.get_all_records():
+                data = reader.get_record(record)
+                if record == "models/model.json":
                     program = json.loads(data)
                     program["guards_code"] = []
                     data = json.dumps(program).encode()
-                target.writestr(entry.filename, data, zipfile.ZIP_STORED)
+                target.writestr(f"archive/{record}", data)
+        if check_archive(copy):
+            raise UnsafeArchive(f"checkpoint {path} is refused: its guard code survived a copy")
         yield copy
 
 

@@ -25,14 +25,9 @@ Schema = dict[str, Any]
 
 
 def typed_sections(config: dict[str, Any], schema: Schema) -> dict[str, Any]:
-    """The config with the string scalars of its sections read as YAML numbers, booleans
-    or null wherever the schema wants one of those and not a string."""
-    return {
-        key: _typed(value, _child(schema, schema, key), schema)
-        if isinstance(value, dict)
-        else value
-        for key, value in config.items()
-    }
+    """The config with its string scalars read as YAML numbers, booleans or null wherever
+    the schema wants one of those and not a string."""
+    return _typed(config, schema, schema)
 
 
 def _typed(value: Any, node: Schema | None, root: Schema) -> Any:

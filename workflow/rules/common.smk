@@ -9,7 +9,6 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from slidesnake.aggregate.class_names import check_class_names
 from slidesnake.cohort.config import (
     check_config,
     check_config_files,
@@ -48,7 +47,6 @@ def load_yaml(path):
 def check_head_config(config):
     """A head that does not fit the model stops the run before any job. Only with a head:
     the model's width may take torch and timm to find."""
-    check_class_names(config["head"]["classes"])
     if not config["head"]["checkpoint"]:
         return
     from slidesnake.aggregate.head import check_head_fits

@@ -12,6 +12,7 @@ import torch
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.errors import ConfigError, RemoteProtocolError
 from slidesnake.models.embedder import build_embedder
+from slidesnake.models.input_pixels import normalisation
 from slidesnake.models.registry import model_spec
 from slidesnake.remote.client import redact
 from slidesnake.remote.layout import choose_layout
@@ -94,15 +95,21 @@ def test_a_model_slidesnake_cannot_feed_is_refused_with_what_it_offers(served, m
     assert "http://gpu-1:8000, model 'm' (inputs [tiles " in str(error.value)
 
 
-def test_client_preprocessing_is_the_local_backends():
-    """Normalised tiles sent to a server equal what the local embedder feeds its network,
-    so both backends give the same features for the same weights."""
+@pytest.mark.parametrize(("tile_px", "grey_levels"), [(224, 0), (448, 0), (256, 1)])
+def test_client_preprocessing_is_the_local_backends(tile_px, grey_levels):
+    """Tiles a client sends equal what the local embedder feeds its network, so both
+    backends give the same features for the same weights: exactly when no resize or a
+    whole-number one (a 40x slide for a 20x model), within a grey level otherwise."""
     spec = model_spec("timm:test_vit")
     embedder = build_embedder(spec, "random", None, 224, torch.device("cpu"), "fp32")
-    tiles = torch.randint(0, 256, (3, 256, 256, 3), dtype=torch.uint8)  # resized on the way
-    layout = choose_layout(metadata("FP32", (-1, 3, 224, 224)), spec, 256, "http://s")
-    np.testing.assert_array_equal(layout.prepare(tiles, spec), embedder.preprocess(tiles).numpy())
-    uint8 = choose_layout(metadata(), spec, 256, "http://s").prepare(tiles, spec)
+    tiles = np.random.default_rng(tile_px).integers(0, 256, (3, tile_px, tile_px, 3), np.uint8)
+    tiles[1] = np.linspace(0, 255, tile_px).astype(np.uint8)[:, None, None]  # smooth, too
+    local = embedder.preprocess(torch.from_numpy(tiles)).numpy()
+    sent = choose_layout(metadata("FP32", (-1, 3, 224, 224)), spec, tile_px, "http://s")
+    scale = normalisation(spec)[0]
+    difference = np.abs(sent.prepare(tiles, spec) - local) / scale
+    assert difference.max() <= grey_levels + 1e-3
+    uint8 = choose_layout(metadata(), spec, tile_px, "http://s").prepare(tiles, spec)
     assert uint8.dtype == np.uint8 and uint8.shape == (3, 224, 224, 3)
 
 

@@ -103,7 +103,7 @@ def delivered(tiles_path: Path, slide: Path, workers: int, batch: int):
     got: dict[int, np.ndarray] = {}
     stream = dataset.stream(workers, prefetch=2)
     for rows, pixels in stream:
-        for row, tile in zip(rows.tolist(), pixels.numpy(), strict=True):
+        for row, tile in zip(rows.tolist(), pixels, strict=True):
             assert row not in got
             got[row] = tile.copy()
     return coords, geometry, got, stream.decoded
@@ -193,7 +193,7 @@ def test_a_batch_stays_intact_while_the_workers_read_ahead(tmp_path, slide_40x):
     dataset = TileBatches(slide_40x, "s", coords, geometry, batch_size=4)
     stream = dataset.stream(workers=2, prefetch=1)  # two slots per worker
     rows, held = next(stream)
-    before = held.clone()
+    before = held.copy()
     time.sleep(1.0)  # the workers fill whatever they may meanwhile
     assert (held == before).all()
     count = len(rows) + sum(len(r) for r, _ in stream)

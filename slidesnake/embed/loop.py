@@ -12,11 +12,8 @@ import json
 import logging
 import os
 import queue
-import resource
 import threading
 import time
-from dataclasses import asdict
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +22,13 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
+from slidesnake.embed.records import peak_memory_mb, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.loader.batches import BatchStream, TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder
 from slidesnake.models.registry import model_spec
-from slidesnake.tiling.grid import TileGeometry
 from slidesnake.tiling.tile_table import read_tiles
 
 log = logging.getLogger(__name__)
@@ -152,7 +149,8 @@ def _run(
             if item is None:
                 break
             first_batch_at = first_batch_at or time.perf_counter()
-            rows, tiles = item
+            rows, pixels = item
+            tiles = torch.from_numpy(pixels)  # the ring's shared memory, not a copy
             progress.state("running the model")
             if staging is not None:
                 tiles = staging.to_device(tiles)
@@ -216,7 +214,7 @@ def _hand_over(batch, results: queue.Queue, progress: Progress) -> None:
     rows, (features, done) = batch
     if done is not None:
         done.synchronize()
-    results.put((rows.numpy(), features.numpy()))
+    results.put((rows, features.numpy()))
     progress.advance(len(rows))
 
 
@@ -235,28 +233,6 @@ class _Drain(threading.Thread):
                     self.writer.put(*item)
                 except Exception as err:  # re-raised by the main thread after the loop
                     self.error = err
-
-
-def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
-    """The zarr attributes that say which slide and which tiles, whatever the backend."""
-    stat = Path(slide_path).stat()
-    return {
-        "slide_id": slide_id,
-        "slide_path": str(Path(slide_path).resolve()),
-        "slide_bytes": stat.st_size,
-        "slide_mtime": stat.st_mtime,
-        **{f"tile_{k}": v for k, v in asdict(geometry).items()},
-        "patch_size_level0": geometry.size_level0,
-        "target_mpp": geometry.target_mpp,
-        "slidesnake_version": version("slidesnake"),
-    }
-
-
-def peak_memory_mb() -> dict[str, float]:
-    """Peak resident memory of this process and of its largest loader worker."""
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"peak_host_mb": round(self_kb / 1024, 1), "peak_worker_mb": round(workers_kb / 1024, 1)}
 
 
 def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, timings) -> dict:

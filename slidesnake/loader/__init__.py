@@ -2,7 +2,7 @@
 the slide's compressed tiles, readers that decode them, forked worker processes, the
 shared batch ring, and the batch stream the embedding loop consumes.
 
-Imports `slides`, `tiling` (the tile geometry) and `errors`. Host side only: torch CPU
-tensors, never `torch.cuda` (workers fork, and CUDA must not start before they do), never
-models or embedding.
+Imports `slides`, `tiling` (the tile geometry) and `errors`. Host side only: numpy arrays,
+never torch (workers fork, and CUDA must not start before they do; a remote-backend job
+has no torch at all), never models or embedding.
 """

@@ -20,7 +20,6 @@ import multiprocessing
 import os
 
 import numpy as np
-import torch
 
 # How often a worker waiting for a free slot checks that the main process is still there.
 ORPHAN_CHECK_S = 1.0
@@ -58,9 +57,9 @@ class BatchRing:
         self._claimed[lane] += 1
         return slot
 
-    def view(self, lane: int, slot: int, count: int) -> torch.Tensor:
+    def view(self, lane: int, slot: int, count: int) -> np.ndarray:
         """The first `count` tiles of a filled slot, without a copy (main side)."""
-        return torch.from_numpy(self.tiles[lane, slot, :count])
+        return self.tiles[lane, slot, :count]
 
     def release(self, lane: int) -> None:
         """The oldest slot of `lane` that the main process held is free again."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from slidesnake.loader.batch_ring import BatchRing
 from slidesnake.loader.cells import plan_cells
@@ -135,7 +134,7 @@ class BatchStream:
     def __iter__(self) -> BatchStream:
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
         if self._held is not None:
             self.ring.release(self._held)
             self._held = None
@@ -150,7 +149,7 @@ class BatchStream:
                 self._turns.append(lane)
                 rows, slot, decoded = ticket
                 self._held, self._decoded[lane] = lane, decoded
-                return torch.as_tensor(rows), self.ring.view(lane, slot, len(rows))
+                return rows, self.ring.view(lane, slot, len(rows))
         self.close()
         raise StopIteration
 

@@ -29,6 +29,7 @@ from slidesnake.models.checkpoints import (
     load_program,
     load_state_dict,
 )
+from slidesnake.models.input_pixels import normalisation
 from slidesnake.models.pt2_archive import declared_width
 from slidesnake.models.registry import ModelSpec, weights_source
 
@@ -83,7 +84,8 @@ class Embedder:
         return self._pixels[: len(x)].copy_(x)
 
     def __post_init__(self) -> None:
-        self._scale, self._shift = normalisation(self.spec, self.device)
+        scale, shift = normalisation(self.spec)
+        self._scale, self._shift = (torch.from_numpy(a).to(self.device) for a in (scale, shift))
         self._pixels: torch.Tensor | None = None
 
     def weights_digest(self) -> WeightsDigest | None:
@@ -93,14 +95,6 @@ class Embedder:
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def normalisation(spec: ModelSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, shift) such that x * scale - shift is (x / 255 - mean) / std: one multiply
-    and one subtract, in place."""
-    std = torch.tensor(spec.std, device=device).view(1, 3, 1, 1)
-    shift = torch.tensor(spec.mean, device=device).view(1, 3, 1, 1) / std
-    return 1.0 / (255.0 * std), shift
 
 
 def resize_tiles(x: torch.Tensor, size: int) -> torch.Tensor:

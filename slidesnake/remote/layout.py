@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from slidesnake.errors import ConfigError
-from slidesnake.models.embedder import normalisation, resize_tiles
+from slidesnake.models.input_pixels import normalisation, resize_tiles_uint8
 from slidesnake.models.registry import ModelSpec
 from slidesnake.remote.protocol import ModelMetadata, TensorMetadata
 
-_FLOAT = {"FP16": torch.float16, "FP32": torch.float32}
+_FLOAT = {"FP16": np.float16, "FP32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -32,16 +31,17 @@ class InputLayout:
     normalised: bool  # False: UINT8 (B, H, W, 3); True: FP16/FP32 (B, 3, H, W)
     dim: int | None  # the output's width, when the server declares it
 
-    def prepare(self, tiles: torch.Tensor, spec: ModelSpec) -> np.ndarray:
+    def prepare(self, tiles: np.ndarray, spec: ModelSpec) -> np.ndarray:
         """uint8 (B, h, w, 3) tiles from the loader -> the array to send."""
-        x = tiles.permute(0, 3, 1, 2)
-        if x.shape[-1] != self.size or x.shape[-2] != self.size:
-            x = resize_tiles(x, self.size)  # uint8 in and out, as the local backend on a CPU
+        if tiles.shape[1] != self.size or tiles.shape[2] != self.size:
+            tiles = resize_tiles_uint8(tiles, self.size)  # uint8 in and out, as on a CPU
         if not self.normalised:
-            return x.permute(0, 2, 3, 1).contiguous().numpy()
-        scale, shift = normalisation(spec, torch.device("cpu"))
-        x = x.float().mul_(scale).sub_(shift).to(_FLOAT[self.input.datatype])
-        return x.contiguous().numpy()
+            return np.ascontiguousarray(tiles)
+        scale, shift = normalisation(spec)
+        x = np.ascontiguousarray(tiles.transpose(0, 3, 1, 2), np.float32)
+        x *= scale
+        x -= shift
+        return x.astype(_FLOAT[self.input.datatype], copy=False)
 
 
 def choose_layout(

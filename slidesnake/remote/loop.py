@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from slidesnake.atomic import atomic_output
-from slidesnake.embed.loop import peak_memory_mb, slide_attributes
 from slidesnake.embed.progress import Progress
+from slidesnake.embed.records import peak_memory_mb, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -94,7 +93,7 @@ def embed_slide_remote(
 
 def _probe_width(client: InferenceClient, layout: InputLayout, spec: ModelSpec) -> int:
     """The feature width, from one blank tile, when the server's metadata leaves it open."""
-    blank = torch.zeros(1, layout.size, layout.size, 3, dtype=torch.uint8)
+    blank = np.zeros((1, layout.size, layout.size, 3), np.uint8)
     features = _send(client, layout, spec, blank, None)
     return int(features.shape[1])
 
@@ -103,10 +102,10 @@ def _send(
     client: InferenceClient,
     layout: InputLayout,
     spec: ModelSpec,
-    tiles: torch.Tensor,
+    tiles: np.ndarray,
     width: int | None,
 ) -> np.ndarray:
-    """One batch: preprocess (in the request thread: torch releases the GIL) and infer;
+    """One batch: preprocess (in the request thread: Pillow and numpy release the GIL) and infer;
     the answer is checked against the declared output and `width`."""
     array = layout.prepare(tiles, spec)
     return client.infer(layout.input.name, layout.input.datatype, array, layout.output, width)
@@ -154,7 +153,9 @@ def _run(
                     break
                 first_batch_at = first_batch_at or time.perf_counter()
                 rows, tiles = item
-                pending[pool.submit(_send, client, layout, spec, tiles, dim)] = rows.numpy()
+                # Copied here: the ring slot is the loader's again at the next batch,
+                # while this request may not have been prepared or sent yet.
+                pending[pool.submit(_send, client, layout, spec, tiles.copy(), dim)] = rows
             while pending:
                 progress.state("waiting for the server")
                 slot_wait += collect(FIRST_COMPLETED)

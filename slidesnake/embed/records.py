@@ -1,0 +1,35 @@
+"""What every embedding job records, whatever its backend: which slide and tiles its
+store holds (zarr attributes), and its peak memory (metrics.json). No torch here: a
+remote-backend job imports none."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import asdict
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from slidesnake.tiling.grid import TileGeometry
+
+
+def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
+    """The zarr attributes that say which slide and which tiles, whatever the backend."""
+    stat = Path(slide_path).stat()
+    return {
+        "slide_id": slide_id,
+        "slide_path": str(Path(slide_path).resolve()),
+        "slide_bytes": stat.st_size,
+        "slide_mtime": stat.st_mtime,
+        **{f"tile_{k}": v for k, v in asdict(geometry).items()},
+        "patch_size_level0": geometry.size_level0,
+        "target_mpp": geometry.target_mpp,
+        "slidesnake_version": version("slidesnake"),
+    }
+
+
+def peak_memory_mb() -> dict[str, float]:
+    """Peak resident memory of this process and of its largest loader worker."""
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    workers_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"peak_host_mb": round(self_kb / 1024, 1), "peak_worker_mb": round(workers_kb / 1024, 1)}

@@ -25,7 +25,16 @@ MAY_IMPORT = {
     "loader": {"slides", "tiling", "errors"},
     "models": {"errors", "side_files"},
     "embed": {"loader", "models", "tiling", "errors", "atomic", "finite"},
-    "cohort": {"slides", "tiling", "embed", "aggregate", "errors", "atomic", "side_files"},
+    "cohort": {
+        "slides",
+        "tiling",
+        "embed",
+        "aggregate",
+        "remote",
+        "errors",
+        "atomic",
+        "side_files",
+    },
     "aggregate": {"embed", "tiling", "models", "errors", "atomic", "finite"},
     "cluster": {"errors"},
     "remote": {"embed", "loader", "models", "tiling", "errors", "atomic"},
@@ -182,5 +191,5 @@ def test_a_remote_backend_job_imports_no_torch():
     the script imports the local loop only for the local backend."""
     script = PACKAGE.parent / "scripts" / "embed_tiles.py"
     top = [n.module for n in ast.parse(script.read_text()).body if isinstance(n, ast.ImportFrom)]
-    modules = [*top, "slidesnake.remote.loop", "slidesnake.cli"]
+    modules = [*top, "slidesnake.cohort.rule_jobs", "slidesnake.remote.loop", "slidesnake.cli"]
     assert torch_modules_after_importing(modules) == "[]"

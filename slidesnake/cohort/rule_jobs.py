@@ -1,0 +1,182 @@
+"""Each rule's job, given the `snakemake` object of its script: thin glue to the stages.
+
+The scripts under scripts/ hand their `snakemake` object to `warm.run_rule`, which runs
+the function named here in a warm interpreter or in the script's own process. Each
+function imports its stage when called, so this module stays cheap to import, and
+WARM_MODULES says what a warm interpreter imports once to run it without waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slidesnake.cohort.jobs import run_job
+
+TILING = ("slidesnake.tiling.stages", "slidesnake.tiling.regions")
+AGGREGATE = ("slidesnake.aggregate.slide_table", "slidesnake.aggregate.embedding_map")
+# The local backend's imports: torch, timm, and torch.export's deserialiser (1.7 s of a
+# custom .pt2 program's load is importing it); the remote backend's lack torch.
+LOCAL_EMBEDDING = ("slidesnake.embed.loop", "timm", "torch._export.serde.serialize")
+REMOTE_EMBEDDING = ("slidesnake.remote.loop",)
+
+
+def warm_modules(function: str, job: Any) -> tuple[str, ...]:
+    """The modules `function` imports for `job`, for a warm interpreter to import first."""
+    if function == "embed_tiles":
+        remote = job.config["model"].get("backend") == "remote"
+        return REMOTE_EMBEDDING if remote else LOCAL_EMBEDDING
+    if function == "predict_tiles":
+        return ("slidesnake.aggregate.head", "slidesnake.aggregate.heatmaps")
+    return {"make_tissue_mask": TILING, "make_tile_coords": TILING}.get(function, AGGREGATE)
+
+
+def make_tissue_mask(job: Any) -> None:
+    from slidesnake.tiling.artefacts import ArtefactParams
+    from slidesnake.tiling.stages import make_tissue_mask
+    from slidesnake.tiling.tissue import TissueParams
+
+    run_job(
+        lambda: make_tissue_mask(
+            slide_path=job.params.slide,
+            slide_id=job.wildcards.slide_id,
+            mask_path=job.output.mask,
+            qc_path=job.output.qc,
+            params=TissueParams.from_mapping(job.config["tissue"]),
+            sheet_mpp=job.params.mpp,
+            pen=ArtefactParams.from_mapping(job.config["artefacts"]).pen,
+        ),
+        log_path=job.log[0],
+        slide_id=job.wildcards.slide_id,
+    )
+
+
+def make_tile_coords(job: Any) -> None:
+    from slidesnake.tiling.artefacts import ArtefactParams
+    from slidesnake.tiling.grid import TileParams
+    from slidesnake.tiling.regions import read_regions
+    from slidesnake.tiling.stages import make_tile_coords
+
+    def tile() -> None:
+        slide_id, roi = job.wildcards.slide_id, job.params.tiles.get("roi")
+        classes = job.config["roi"]
+        regions = (
+            read_regions(roi, slide_id, classes["include"], classes["exclude"]) if roi else None
+        )
+        make_tile_coords(
+            slide_path=job.params.slide,
+            slide_id=slide_id,
+            mask_path=job.input.mask,
+            mask_qc_path=job.input.qc,
+            tiles_path=job.output.tiles,
+            qc_path=job.output.qc,
+            params=TileParams.from_mapping(job.config["tiles"]),
+            regions=regions,
+            regions_path=roi,
+            coords_path=job.params.tiles.get("coords"),
+            artefacts=ArtefactParams.from_mapping(job.config["artefacts"]),
+        )
+
+    run_job(tile, log_path=job.log[0], slide_id=job.wildcards.slide_id)
+
+
+def embed_tiles(job: Any) -> None:
+    """Claim a GPU and embed the slide's tiles or, with the remote backend, send them to
+    the inference server."""
+    from slidesnake.embed.gpu_slots import claim_gpu
+    from slidesnake.embed.settings import EmbedSettings
+
+    def embed() -> None:
+        settings = EmbedSettings.from_config(job.config)
+        outputs = dict(
+            slide_path=job.params.slide,
+            slide_id=job.wildcards.slide_id,
+            tiles_path=job.input.tiles,
+            zarr_path=job.output.zarr,
+            metrics_path=job.output.metrics,
+            settings=settings,
+        )
+        if settings.backend == "remote":
+            from slidesnake.remote.loop import embed_slide_remote
+
+            embed_slide_remote(**outputs)
+            return
+        gpu = job.config["gpu"]
+        claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
+        # After the claim: CUDA must start seeing only the claimed GPU (a warm
+        # interpreter has imported torch, which does not start CUDA).
+        from slidesnake.embed.loop import embed_slide
+
+        embed_slide(**outputs)
+
+    run_job(embed, log_path=job.log[0], slide_id=job.wildcards.slide_id)
+
+
+def pool_slide(job: Any) -> None:
+    from slidesnake.aggregate.slide_table import slide_features, write_slide_features
+
+    run_job(
+        lambda: write_slide_features(
+            slide_features(
+                slide_id=job.wildcards.slide_id,
+                zarr_path=job.input.zarr,
+                tiles_path=job.input.tiles,
+                poolings=job.config["slide"]["pooling"],
+                encoder=job.config["slide"]["encoder"],
+            ),
+            job.output[0],
+        ),
+        log_path=job.log[0],
+        slide_id=job.wildcards.slide_id,
+    )
+
+
+def draw_embedding_map(job: Any) -> None:
+    from slidesnake.aggregate.embedding_map import draw_embedding_map
+
+    run_job(
+        lambda: draw_embedding_map(
+            zarr_path=job.input.zarr,
+            tiles_path=job.input.tiles,
+            mask_path=job.input.mask,
+            thumbnail_path=job.input.thumbnail,
+            out_path=job.output[0],
+        ),
+        log_path=job.log[0],
+        slide_id=job.wildcards.slide_id,
+    )
+
+
+def predict_tiles(job: Any) -> None:
+    from slidesnake.aggregate.head import load_head, predict_slide, write_predictions
+    from slidesnake.aggregate.heatmaps import draw_heatmaps
+    from slidesnake.tiling.tile_table import read_tiles
+
+    def predict() -> None:
+        head = job.config["head"]
+        loaded = load_head(head["checkpoint"], head["classes"], head["activation"])
+        tiles, slide = predict_slide(loaded, job.input.zarr)
+        write_predictions(tiles, slide, job.output.tiles, job.output.slide)
+        _, geometry = read_tiles(job.input.tiles)
+        draw_heatmaps(
+            tiles,
+            [column for column in tiles.columns if column not in ("x", "y")],
+            geometry.size_level0,
+            job.input.mask,
+            job.input.thumbnail,
+            job.output.heatmaps,
+        )
+
+    run_job(predict, log_path=job.log[0], slide_id=job.wildcards.slide_id)
+
+
+JOBS = {
+    f.__name__: f
+    for f in (
+        make_tissue_mask,
+        make_tile_coords,
+        embed_tiles,
+        pool_slide,
+        draw_embedding_map,
+        predict_tiles,
+    )
+}

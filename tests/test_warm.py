@@ -203,6 +203,7 @@ def test_sigterm_to_a_client_stops_its_job_cleanly(server, tmp_path):
     server.start()
     client = server.client(job, "embed_tiles")
     wait_for(lambda: any(out.glob(".embeddings.zarr.tmp-*")), timeout_s=120)
+    time.sleep(2)  # into the loop (as tests/test_failures.py: not inside zarr's creation)
     client.send_signal(signal.SIGTERM)
     _, stderr = client.communicate(timeout=60)
     assert client.returncode == 128 + signal.SIGTERM, stderr
@@ -226,9 +227,14 @@ def test_a_directory_others_can_enter_gets_no_server(tmp_path, monkeypatch):
     assert warm.socket_path() is None
 
 
-def test_edited_code_gets_a_server_of_its_own(tmp_path, monkeypatch):
+def test_edited_code_or_another_environment_gets_a_server_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIDESNAKE_WARM_DIR", str(tmp_path / "warm"))
     before = warm.socket_path()
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # per job: the child applies it itself
+    assert warm.socket_path() == before
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hub"))  # read once, at import
+    assert warm.socket_path() != before
+    monkeypatch.delenv("HF_HOME")
     source = Path(warm.__file__).with_name("rule_jobs.py")
     times = source.stat()
     try:

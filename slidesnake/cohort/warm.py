@@ -53,6 +53,13 @@ FORK_TIMEOUT_S = 300.0
 _HEADER = struct.Struct("!Q")
 _REPLY = struct.Struct("!cq")  # b"P" + child pid, then b"S" + wait status
 _STREAMS = 3  # stdin, stdout, stderr
+# Snakemake sets these per job from its threads. Libraries read them once, at load (OpenMP
+# sizes torch's thread pool then): the server starts without them, and a child applies
+# its job's count to torch itself.
+THREAD_VARIABLES = frozenset(
+    ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +97,22 @@ def socket_path() -> Path | None:
     private = stat.S_ISDIR(info.st_mode) and not info.st_mode & 0o077
     if not private or info.st_uid != os.getuid():
         return None
-    return directory / f"{_code_digest()}.sock"
+    return directory / f"{_server_digest()}.sock"
 
 
-def _code_digest() -> str:
-    """A digest of the interpreter and of every source file of slidesnake (names, sizes,
-    mtimes): an edited module gets a new server, never a stale one."""
+def _server_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+
+
+def _server_digest() -> str:
+    """A digest of the interpreter, the environment (libraries read some of it once, at
+    import: HF_HOME, PYTHONPATH, ...) and every source file of slidesnake (names, sizes,
+    mtimes): an edited module or a changed environment gets a new server, never a stale
+    one."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{package}".encode())
+    for name, value in sorted(_server_environment().items()):
+        digest.update(f"{name}={value}\0".encode())
     for path in sorted(package.rglob("*.py")):
         info = path.stat()
         digest.update(f"{path.relative_to(package)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
@@ -170,12 +185,12 @@ def _read_reply(client: socket.socket, kind: bytes) -> int:
 
 
 def _forward_signals(child: int) -> None:
-    """SIGTERM, SIGINT and SIGHUP to this client stop its child's process group as they
-    would have stopped this process (the child runs the job's own SIGTERM handler)."""
+    """SIGTERM, SIGINT and SIGHUP to this client go to its child, as they would have come
+    to this process (the child runs the job's own SIGTERM handling)."""
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            os.kill(child, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
@@ -192,6 +207,7 @@ def _start_server(path: Path) -> None:
             stderr=log_file,
             start_new_session=True,
             close_fds=True,
+            env=_server_environment(),
         )
 
 
@@ -205,10 +221,10 @@ class _Server:
         self.stopping: dict[int, float] = {}  # child pid -> when SIGKILL follows SIGTERM
         self.imported: set[str] = set()
         self.last_job = time.monotonic()
-        self.wakeup_read, wakeup_write = os.pipe()
+        self.wakeup_read, self.wakeup_write = os.pipe()
         os.set_blocking(self.wakeup_read, False)
-        os.set_blocking(wakeup_write, False)
-        signal.set_wakeup_fd(wakeup_write)
+        os.set_blocking(self.wakeup_write, False)
+        signal.set_wakeup_fd(self.wakeup_write)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         self.selector.register(listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wakeup_read, selectors.EVENT_READ, "reap")
@@ -217,7 +233,10 @@ class _Server:
         while self.children or time.monotonic() - self.last_job < IDLE_S:
             for key, _ in self.selector.select(timeout=1.0):
                 if key.data == "accept":
-                    self._accept()
+                    try:
+                        self._accept()
+                    except Exception:  # one bad connection must not end the server
+                        log.exception("a connection failed")
                 elif key.data == "reap":
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wakeup_read, 4096)
@@ -243,15 +262,22 @@ class _Server:
             return
         self.last_job = time.monotonic()
         self._import(request["modules"])
-        child = os.fork()
+        try:
+            child = os.fork()
+        except OSError as err:  # the client sees the connection close: it runs the job
+            log.warning("cannot fork %s: %s", request["function"], err)
+            _close_all(conn, streams)
+            return
         if child == 0:
             self._run_child(conn, request, streams)
-        for fd in streams:
-            os.close(fd)
+        _close_all(None, streams)
         self.children[child] = conn
         log.info("forked %s as pid %d", request["function"], child)
-        conn.sendall(_REPLY.pack(b"P", child))
         self.selector.register(conn, selectors.EVENT_READ, child)
+        try:
+            conn.sendall(_REPLY.pack(b"P", child))
+        except OSError:  # the client is gone already: so is its job
+            self._client_event(conn, child)
 
     def _import(self, modules: list[str]) -> None:
         for module in modules:
@@ -307,6 +333,8 @@ class _Server:
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_DFL)
+            os.close(self.wakeup_read)
+            os.close(self.wakeup_write)
             self.selector.close()
             self.listener.close()
             for other in self.children.values():
@@ -319,6 +347,7 @@ class _Server:
             os.environ.clear()
             os.environ.update(request["environment"])
             os.umask(request["umask"])
+            _apply_threads()
             logging.getLogger().handlers.clear()
             JOBS[request["function"]](pickle.loads(request["job"]))
             code = 0
@@ -334,6 +363,13 @@ class _Server:
             os._exit(code)
 
 
+def _close_all(conn: socket.socket | None, fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    if conn is not None:
+        conn.close()
+
+
 def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
     header, streams, _, _ = socket.recv_fds(conn, _HEADER.size, _STREAMS)
     if len(header) != _HEADER.size or len(streams) != _STREAMS:
@@ -342,12 +378,23 @@ def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
         raise ValueError("a request without its header and three standard streams")
     (size,) = _HEADER.unpack(header)
     data = bytearray()
-    while len(data) < size:
-        chunk = conn.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            raise ValueError("a request cut short")
-        data += chunk
-    return pickle.loads(data), streams
+    try:
+        while len(data) < size:
+            chunk = conn.recv(min(size - len(data), 1 << 20))
+            if not chunk:
+                raise ValueError("a request cut short")
+            data += chunk
+        return pickle.loads(data), streams
+    except BaseException:
+        _close_all(None, streams)
+        raise
+
+
+def _apply_threads() -> None:
+    """The job's OMP_NUM_THREADS to torch's pool, which the server imported without it."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 def _die_with_parent() -> None:

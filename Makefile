@@ -8,7 +8,10 @@ CORES ?= all
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
-.PHONY: install serve-env demo test lint bench bench-slurm bench-remote gpu-check clean
+PEER_VENV := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
+
+.PHONY: install serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
@@ -24,6 +27,15 @@ $(SERVE_STAMP): envs/serve-requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/pip install --quiet --requirement envs/serve-requirements.txt
 	$(SERVE_VENV)/bin/pip install --quiet --no-deps --editable .
+	touch $@
+
+# slide2vec, for benchmarks/cohort_vs_peer.py: its own environment, its own pins.
+peer-env: $(PEER_STAMP)
+
+$(PEER_STAMP): envs/peer-requirements.txt
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet --no-deps slide2vec==7.1.4 hs2p==6.1.0
+	$(PEER_VENV)/bin/pip install --quiet --requirement envs/peer-requirements.txt
 	touch $@
 
 demo: install
@@ -63,6 +75,10 @@ bench-slurm: install
 
 bench-remote: install serve-env
 	$(BIN)/python benchmarks/remote_backend.py
+
+# Needs ../shared/slides (real pixels) and slide2vec (make peer-env): about 25 minutes here.
+bench-peer: install peer-env
+	$(BIN)/python benchmarks/cohort_vs_peer.py
 
 gpu-check: install
 	benchmarks/gpu_check.sh

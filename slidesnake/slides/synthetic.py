@@ -5,6 +5,7 @@ write tiled, pyramidal JPEG TIFFs that OpenSlide reads as Aperio (`.svs`) or as 
 TIFF. Every pixel of every level is rendered from the same analytic description of the
 tissue at that pixel's level-0 position, so levels agree with each other, and tiles are
 rendered and encoded one at a time, so slides far larger than memory can be written.
+The benchmarks also write pyramids of real pixels held in memory (PixelRenderer).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
+from PIL import Image
 from scipy import ndimage as ndi
 
 BACKGROUND = np.array([243.0, 242.0, 240.0], np.float32)
@@ -245,9 +247,53 @@ def write_slide(
     With `mpp=None` the slide records no resolution at all, as some real scans do. `marks`
     and `blurs` add pen ink and out-of-focus areas, for the artefact filters.
     """
+    renderer = Renderer(shapes, seed, marks, blurs)
+    return write_rendered(
+        path, renderer, width, height, mpp, levels, level_factor, tile, vendor, quality
+    )
+
+
+class PixelRenderer:
+    """Renders any rectangle of any level from a picture in memory (real pixels, for the
+    benchmarks); past its edges, glass."""
+
+    def __init__(self, rgb: np.ndarray) -> None:
+        self.levels = {1.0: rgb}
+
+    def render(self, x0: int, y0: int, width: int, height: int, downsample: float) -> np.ndarray:
+        level = self._level(downsample)
+        out = np.broadcast_to(BACKGROUND.astype(np.uint8), (height, width, 3)).copy()
+        part = level[y0 : y0 + height, x0 : x0 + width]
+        out[: part.shape[0], : part.shape[1]] = part
+        return out
+
+    def _level(self, downsample: float) -> np.ndarray:
+        if downsample not in self.levels:
+            full = self.levels[1.0]
+            size = (
+                max(1, round(full.shape[1] / downsample)),
+                max(1, round(full.shape[0] / downsample)),
+            )
+            resized = Image.fromarray(full).resize(size, Image.Resampling.BOX)
+            self.levels[downsample] = np.asarray(resized)
+        return self.levels[downsample]
+
+
+def write_rendered(
+    path: str | Path,
+    renderer: Renderer | PixelRenderer,
+    width: int,
+    height: int,
+    mpp: float | None = 0.25,
+    levels: int = 3,
+    level_factor: int = 4,
+    tile: int = 256,
+    vendor: str = "aperio",
+    quality: int = 85,
+) -> Path:
+    """Write what `renderer` renders as a pyramidal JPEG TIFF (see write_slide)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    renderer = Renderer(shapes, seed, marks, blurs)
     sizes = [
         (max(width // level_factor**i, 1), max(height // level_factor**i, 1)) for i in range(levels)
     ]
@@ -274,7 +320,7 @@ def write_slide(
 
 
 def _tiles(
-    renderer: Renderer, w: int, h: int, tile: int, downsample: float
+    renderer: Renderer | PixelRenderer, w: int, h: int, tile: int, downsample: float
 ) -> Iterator[np.ndarray]:
     for ty in range(0, h, tile):
         for tx in range(0, w, tile):
@@ -302,7 +348,7 @@ def _resolution(mpp: float | None, downsample: float, vendor: str) -> dict:
 
 
 def _write_thumbnail(
-    tw: tifffile.TiffWriter, renderer: Renderer, width: int, height: int, mpp
+    tw: tifffile.TiffWriter, renderer: Renderer | PixelRenderer, width: int, height: int, mpp
 ) -> None:
     """Aperio files carry a stripped thumbnail as their second image."""
     scale = max(width, height) / 512

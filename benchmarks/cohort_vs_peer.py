@@ -1,0 +1,219 @@
+"""A whole cohort, slidesnake against slide2vec, from nothing to tile embeddings.
+
+Eight slides of real pixels (from ../shared/slides): two 40x and two 20x Aperio slides
+made of mosaics of CMU-1-Small-Region's H&E (the 40x ones upsampled twice), the real JPEG
+2000 TCGA scan twice, CMU-1-Small-Region itself and a crop of it. slidesnake runs
+`snakemake --cores 2` (one loader worker per embedding job, the warm interpreter on, as a
+user gets it); slide2vec runs the same cohort in one process (`Pipeline.run`, its
+README's batch). Same models, same weights, on this CPU in fp32: the near-free model
+(channel means: the `.pt2` program here, an nn.Module there) and a ViT-S whose random
+weights both read from one safetensors file. Same tiles as far as two tissue detectors
+allow: 224 px at 0.5 µm/px, no overlap, kept when tissue covers half of a tile (slidesnake's
+mask_threshold 0.5, hs2p's min_coverage 0.5); the counts are printed, and each tool's
+tiles/s is its own tiles over its own wall time, process start to exit. Rounds
+interleave the tools; medians. Also printed, from slidesnake's metrics and Snakemake's
+record: its embedding start-up against its loops, each rule's time per job, and the run to
+the default target (slide features, maps, the cohort summary).
+
+    make peer-env && python benchmarks/cohort_vs_peer.py [--rounds 2] [--models near-free vit-s]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+import openslide
+import timm
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import save_file
+
+from slidesnake.slides.synthetic import PixelRenderer, write_rendered
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "slides"
+PEER_PYTHON = REPO / ".venv-peer" / "bin" / "python"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from cohort_loop import job_seconds  # noqa: E402
+from whole_job import near_free_model  # noqa: E402
+
+
+def real_pixels() -> np.ndarray:
+    with openslide.OpenSlide(str(SHARED / "CMU-1-Small-Region.svs")) as slide:
+        return np.asarray(slide.read_region((0, 0), 0, slide.dimensions).convert("RGB"))
+
+
+def mosaic(rgb: np.ndarray, columns: int, rows: int, seed: int) -> np.ndarray:
+    """`rows` x `columns` copies of `rgb`, each flipped its own way: tissue everywhere,
+    no two neighbours alike."""
+    flips = np.random.default_rng(seed).integers(0, 4, (rows, columns))
+    pick = {0: rgb, 1: rgb[:, ::-1], 2: rgb[::-1], 3: rgb[::-1, ::-1]}
+    return np.concatenate([np.concatenate([pick[f] for f in row], axis=1) for row in flips])
+
+
+def make_cohort(cache: Path) -> dict[str, tuple[Path, float | None]]:
+    """slide id -> (path, the sheet's mpp where the slide records none)."""
+    cohort, rgb = {}, None
+    for name, (columns, rows, mpp) in {
+        "40x-a": (3, 2, 0.25), "40x-b": (2, 3, 0.25), "20x-a": (4, 2, 0.5), "20x-b": (3, 3, 0.5),
+    }.items():  # fmt: skip
+        path = cache / f"peer-{name}.svs"
+        if not path.exists():
+            rgb = real_pixels() if rgb is None else rgb
+            pixels = mosaic(rgb, columns, rows, seed=len(cohort))
+            height, width = pixels.shape[:2]
+            if mpp == 0.25:  # twice the size: a 40x scan of the same tissue
+                height, width = 2 * height, 2 * width
+                pixels = np.asarray(Image.fromarray(pixels).resize((width, height), Image.BICUBIC))
+            write_rendered(path, PixelRenderer(pixels), width, height, mpp=mpp, levels=3)
+        cohort[name] = (path, None)
+    small = cache / "peer-small-b.svs"
+    if not small.exists():
+        crop = (real_pixels() if rgb is None else rgb)[:1500]
+        write_rendered(
+            small, PixelRenderer(crop), crop.shape[1], crop.shape[0], mpp=0.499, levels=2
+        )
+    cohort["small-a"] = (SHARED / "CMU-1-Small-Region.svs", None)
+    cohort["small-b"] = (small, None)
+    for name in ("j2k-a", "j2k-b"):  # no mpp recorded: both tools are told 0.5
+        cohort[name] = (SHARED / "tcga-cr-7395-01a-01-ts1.svs", 0.5)
+    return cohort
+
+
+def vit_small_weights(cache: Path) -> Path:
+    path = cache / "vit-small-random.safetensors"
+    if not path.exists():
+        torch.manual_seed(0)
+        model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=0)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    return path
+
+
+MODELS = {
+    "near-free": lambda cache: {"name": "custom", "checkpoint": str(near_free_model(cache))},
+    "vit-s": lambda cache: {
+        "name": "timm:vit_small_patch16_224", "checkpoint": str(vit_small_weights(cache)),
+    },
+}  # fmt: skip
+
+
+class Slidesnake:
+    def __init__(self, workdir: Path, cohort: dict, model: dict) -> None:
+        self.dir, self.ids = workdir, list(cohort)
+        (workdir / "config").mkdir(parents=True, exist_ok=True)
+        config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        config["model"] |= model | {"precision": "fp32", "weights": "checkpoint"}
+        config["loader"] |= {"workers": 1}
+        (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+        rows = ["slide_id\tpath\tmpp"]
+        rows += [f"{i}\t{p}\t{'' if m is None else m}" for i, (p, m) in cohort.items()]
+        (workdir / "config" / "samples.tsv").write_text("\n".join(rows) + "\n")
+
+    def run(self, default_target: bool) -> dict:
+        for earlier in ("results", "logs", ".snakemake"):
+            shutil.rmtree(self.dir / earlier, ignore_errors=True)
+        targets = (
+            [] if default_target else [f"results/slides/{i}/embeddings.zarr" for i in self.ids]
+        )
+        command = [sys.executable, "-m", "snakemake", "--snakefile",
+                   str(REPO / "workflow" / "Snakefile"), "--cores", "2", *targets]  # fmt: skip
+        wall = timed(command, self.dir)
+        metrics = {
+            i: json.loads((self.dir / "results" / "slides" / i / "metrics.json").read_text())
+            for i in self.ids
+        }
+        return {
+            "wall_s": wall,
+            "tiles": {i: m["tiles"] for i, m in metrics.items()},
+            "startup_s": sum(m["startup_s"] for m in metrics.values()),
+            "loop_s": sum(m["wall_s"] for m in metrics.values()),
+            "jobs": {rule: median(s) for rule, s in job_seconds(self.dir).items()},
+        }
+
+
+def run_peer(workdir: Path, cohort: dict, model: str, weights: Path) -> dict:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    rows = ["sample_id,image_path,spacing_at_level_0"]
+    rows += [f"{i},{p},{'' if m is None else m}" for i, (p, m) in cohort.items()]
+    (workdir / "manifest.csv").write_text("\n".join(rows) + "\n")
+    command = [str(PEER_PYTHON), str(REPO / "benchmarks" / "peer_slide2vec.py"),
+               "manifest.csv", "out", model, "--weights", str(weights)]  # fmt: skip
+    wall = timed(command, workdir, keep_stdout=True)
+    tiles = json.loads((workdir / "stdout.txt").read_text().strip().splitlines()[-1])
+    return {"wall_s": wall, "tiles": tiles}
+
+
+def timed(command: list[str], cwd: Path, keep_stdout: bool = False) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
+    if keep_stdout:
+        (cwd / "stdout.txt").write_text(done.stdout)
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--cache", type=Path, default=Path(tempfile.gettempdir()) / "slidesnake-bench"
+    )
+    args = parser.parse_args()
+    if not SHARED.is_dir() or not PEER_PYTHON.exists():
+        sys.exit("needs ../shared/slides (the real pixels) and slide2vec's env (make peer-env)")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    cohort = make_cohort(args.cache)
+    for model in args.models:
+        ours = Slidesnake(args.cache / f"peer-ours-{model}", cohort, MODELS[model](args.cache))
+        weights = vit_small_weights(args.cache)
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append({
+                "ours": ours.run(default_target=False),
+                "peer": run_peer(args.cache / f"peer-theirs-{model}", cohort, model, weights),
+                "default": ours.run(default_target=True)["wall_s"],
+            })  # fmt: skip
+        report(model, rounds)
+
+
+def report(model: str, rounds: list[dict]) -> None:
+    ours, peer = rounds[0]["ours"]["tiles"], rounds[0]["peer"]["tiles"]
+    print(f"\n{model}: tiles per slide (slidesnake / slide2vec):")
+    print("  " + ", ".join(f"{i} {ours[i]}/{peer.get(i, 0)}" for i in ours))
+    total_ours, total_peer = sum(ours.values()), sum(peer.values())
+    wall_ours = median(r["ours"]["wall_s"] for r in rounds)
+    wall_peer = median(r["peer"]["wall_s"] for r in rounds)
+    rate_ours, rate_peer = total_ours / wall_ours, total_peer / wall_peer
+    print(f"  {'':<28} {'tiles':>6} {'wall s':>7} {'tiles/s':>8}")
+    print(f"  {'slidesnake, --cores 2':<28} {total_ours:6d} {wall_ours:7.1f} {rate_ours:8.1f}")
+    print(f"  {'slide2vec, one process':<28} {total_peer:6d} {wall_peer:7.1f} {rate_peer:8.1f}")
+    print(f"  slidesnake / slide2vec: {rate_ours / rate_peer:.2f}x tiles/s "
+          f"(tile counts differ by {100 * (total_ours / total_peer - 1):+.1f}%)")  # fmt: skip
+    startup = median(r["ours"]["startup_s"] for r in rounds)
+    loops = median(r["ours"]["loop_s"] for r in rounds)
+    print(f"  slidesnake's embedding start-up, summed: {startup:.1f} s "
+          f"({100 * startup / wall_ours:.0f}% of the wall time; loops {loops:.1f} s)")  # fmt: skip
+    for rule in sorted(rounds[0]["ours"]["jobs"]):
+        each = median(r["ours"]["jobs"][rule] for r in rounds)
+        print(f"    {rule:<22} {each:5.2f} s a job")
+    default = median(r["default"] for r in rounds)
+    print(f"  slidesnake to its default target (slide features, maps, summary): {default:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

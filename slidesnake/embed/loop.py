@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -141,28 +142,31 @@ def _run(
     waited, first_batch_at = 0.0, None
     in_flight = None  # the previous batch, whose copy to the host may still be running
     with progress:
-        while True:
-            progress.state("waiting for the loader")
-            t0 = time.perf_counter()
-            item = next(batches, None)
-            waited += time.perf_counter() - t0
-            if item is None:
-                break
-            first_batch_at = first_batch_at or time.perf_counter()
-            rows, pixels = item
-            tiles = torch.from_numpy(pixels)  # the ring's shared memory, not a copy
-            progress.state("running the model")
-            if staging is not None:
-                tiles = staging.to_device(tiles)
-            features = embedder(tiles).to(_HOST_DTYPES[settings.output_dtype])
-            copied = _to_host(features)
+        try:
+            while True:
+                progress.state("waiting for the loader")
+                t0 = time.perf_counter()
+                item = next(batches, None)
+                waited += time.perf_counter() - t0
+                if item is None:
+                    break
+                first_batch_at = first_batch_at or time.perf_counter()
+                rows, pixels = item
+                tiles = torch.from_numpy(pixels)  # the ring's shared memory, not a copy
+                progress.state("running the model")
+                if staging is not None:
+                    tiles = staging.to_device(tiles)
+                features = embedder(tiles).to(_HOST_DTYPES[settings.output_dtype])
+                copied = _to_host(features)
+                if in_flight is not None:
+                    _hand_over(in_flight, results, progress)
+                in_flight = (rows, copied)
             if in_flight is not None:
                 _hand_over(in_flight, results, progress)
-            in_flight = (rows, copied)
-        if in_flight is not None:
-            _hand_over(in_flight, results, progress)
-        results.put(None)
-        drain.join()
+        finally:
+            # Also on an error or SIGTERM: no write may land in the store after its temporary
+            # is removed, so the writer stops before this function is left.
+            drain.finish(abandon=sys.exc_info()[0] is not None)
     if drain.error is not None:
         raise drain.error
     ended = time.perf_counter()
@@ -225,10 +229,17 @@ class _Drain(threading.Thread):
         super().__init__(name="zarr-writer", daemon=True)
         self.results, self.writer = results, writer
         self.error: Exception | None = None
+        self.abandoned = False
+
+    def finish(self, abandon: bool) -> None:
+        """Write what is queued (or, when `abandon`, drop it) and stop."""
+        self.abandoned = abandon
+        self.results.put(None)
+        self.join()
 
     def run(self) -> None:
         while (item := self.results.get()) is not None:
-            if self.error is None:
+            if self.error is None and not self.abandoned:
                 try:
                     self.writer.put(*item)
                 except Exception as err:  # re-raised by the main thread after the loop

@@ -31,6 +31,7 @@ MAY_IMPORT = {
         "embed",
         "aggregate",
         "remote",
+        "models",
         "errors",
         "atomic",
         "side_files",

@@ -4,7 +4,7 @@ running it with one-line failures, the warm interpreter that forks jobs, the coh
 summary, and the demo cohort.
 
 Imports `slides`, `tiling` and `embed` (their settings and the demo's synthetic slides),
-`aggregate` and `remote` (inside the rule jobs only), `errors`, `atomic` and `side_files`;
+`aggregate`, `remote` and `models` (inside the rule jobs only), `errors`, `atomic` and `side_files`;
 never torch, timm, the loader or models' heavy side at import, so that the workflow's own
 Python stays light (tests/test_boundaries.py imports it to check).
 """

@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from slidesnake.cohort.rule_jobs import JOBS, warm_modules
+from slidesnake.cohort.rule_jobs import JOBS, warm_up
 from slidesnake.embed.startup import JOB_STARTED_ENV, process_started
 
 IDLE_S = 60.0
@@ -161,7 +161,6 @@ def _send_request(client: socket.socket, job: Any, function: str) -> None:
         {
             "function": function,
             "job": pickle.dumps(job),
-            "modules": warm_modules(function, job),
             "environment": environment,
             "cwd": os.getcwd(),
             "umask": umask,
@@ -219,7 +218,6 @@ class _Server:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # child pid -> its client
         self.stopping: dict[int, float] = {}  # child pid -> when SIGKILL follows SIGTERM
-        self.imported: set[str] = set()
         self.last_job = time.monotonic()
         self.wakeup_read, self.wakeup_write = os.pipe()
         os.set_blocking(self.wakeup_read, False)
@@ -261,7 +259,7 @@ class _Server:
             conn.close()
             return
         self.last_job = time.monotonic()
-        self._import(request["modules"])
+        self._warm_up(request)
         try:
             child = os.fork()
         except OSError as err:  # the client sees the connection close: it runs the job
@@ -279,14 +277,11 @@ class _Server:
         except OSError:  # the client is gone already: so is its job
             self._client_event(conn, child)
 
-    def _import(self, modules: list[str]) -> None:
-        for module in modules:
-            if module not in self.imported:
-                self.imported.add(module)
-                try:
-                    importlib.import_module(module)
-                except Exception as err:  # the job imports it again, and says why it fails
-                    log.warning("could not import %s ahead of its job: %s", module, err)
+    def _warm_up(self, request: dict) -> None:
+        try:
+            warm_up(request["function"], pickle.loads(request["job"]))
+        except Exception as err:  # the job does the same again, and says why it fails
+            log.warning("could not warm up for %s: %s", request["function"], err)
 
     def _client_event(self, conn: socket.socket, child: int) -> None:
         """A client that sends anything, or goes away, before its child ended: stop it."""

@@ -67,6 +67,8 @@ bench: install
 	$(BIN)/slidesnake bench
 	$(BIN)/python benchmarks/whole_job.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/startup_sources.py
+	$(BIN)/python benchmarks/cohort_loop.py
 	$(BIN)/python benchmarks/cohort_scaling.py
 
 # Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).

@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("model", choices=["near-free", "vit-s"])
     parser.add_argument("--weights", type=Path)
+    parser.add_argument("--min-coverage", type=float, default=0.5, help="hs2p's, of tissue")
     args = parser.parse_args()
     WEIGHTS["path"] = str(args.weights) if args.weights else None
     preprocessing = PreprocessingConfig(
@@ -77,7 +78,7 @@ def main() -> None:
             requested_spacing_um=0.5, requested_tile_size_px=224, tolerance=0.05, overlap=0.0,
             backend="openslide",
         ),
-        masks=replace(DEFAULT_MASK_SAMPLING, min_coverage={"tissue": 0.5}),
+        masks=replace(DEFAULT_MASK_SAMPLING, min_coverage={"tissue": args.min_coverage}),
     )  # fmt: skip
     pipeline = Pipeline(
         model=Model.from_preset(f"bench-{args.model}", device="cpu"),

@@ -106,9 +106,26 @@ class Server:
         return ["--ports", *ports]
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Stop the server's session; then remove the shared memory its processes had
+        mapped, which PyTriton leaves in /dev/shm when killed (hundreds of MB per run)."""
+        mapped = self._shared_memory()
         with contextlib.suppress(ProcessLookupError):  # the whole group has gone already
             os.killpg(self.process.pid, sig)
-        return self.process.wait(timeout=60)
+        status = self.process.wait(timeout=60)
+        for name in mapped:
+            (Path("/dev/shm") / name).unlink(missing_ok=True)
+        return status
+
+    def _shared_memory(self) -> set[str]:
+        names = set()
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                if os.getsid(int(proc.name)) != self.process.pid:
+                    continue
+                for line in (proc / "maps").read_text().splitlines():
+                    if "/dev/shm/" in line:
+                        names.add(line.split("/dev/shm/", 1)[1].split()[0])
+        return names
 
 
 @pytest.fixture(scope="module")

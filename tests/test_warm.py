@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -209,6 +213,54 @@ def test_sigterm_to_a_client_stops_its_job_cleanly(server, tmp_path):
     assert client.returncode == 128 + signal.SIGTERM, stderr
     assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
     assert list(out.iterdir()) == [], "no output, no temporary left"
+
+
+class _RunsCode:
+    """A pickle that runs a command when loaded: what a hostile request would send."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to connect as a second user")
+def test_the_server_unpickles_nothing_another_user_sends(tmp_path, monkeypatch):
+    """The server runs what a request unpickles, so it reads requests from its own user
+    only (SO_PEERCRED, before reading a byte); here the socket is made reachable, as a
+    careless directory would make it, and another uid sends code."""
+    reachable = Path(tempfile.mkdtemp(prefix="slidesnake-warm-test-"))  # not under pytest's 0700
+    reachable.chmod(0o755)
+    server = Warm(reachable / "warm", monkeypatch).start()
+    server.path.parent.chmod(0o755)
+    server.path.chmod(0o777)
+    marker = tmp_path / "ran"
+    request = pickle.dumps(_RunsCode(marker))
+    child = os.fork()
+    if child == 0:  # another user, nobody: exits 0 once its request is sent
+        sent = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(str(server.path))
+            socket.send_fds(client, [struct.pack("!Q", len(request))], [0, 1, 2])
+            client.sendall(request)
+            sent = 0
+            client.recv(16)
+        finally:
+            os._exit(sent)
+    try:
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0, "nothing was sent"
+        log = server.path.with_suffix(".log")
+        wait_for(lambda: "refused a connection: a connection from uid 65534" in log.read_text())
+        time.sleep(0.5)
+        assert not marker.exists(), "the server ran another user's pickle"
+        assert server.server.poll() is None, "and serves on"
+    finally:
+        server.stop()
+        shutil.rmtree(reachable, ignore_errors=True)
 
 
 def test_a_directory_others_can_enter_gets_no_server(tmp_path, monkeypatch):

@@ -102,53 +102,62 @@ class InferenceClient:
         self._lock = threading.Lock()
         self.latencies_s: list[float] = []
         self.retries = 0
+        self._last_answer = "no answer yet"
 
     def close(self) -> None:
         self._http.close()
 
     def wait_ready(self) -> None:
-        """Wait until the server and then the model say they are ready: a job may start
-        while its server is still loading weights. A refused token fails at once, a
-        model the server still does not know after a grace period fails as a config error."""
+        """Wait until the model says it is ready: a job may start while its server is
+        still starting, loading weights or being restarted. Triton answers 'not ready'
+        alike for a model it is loading and one it does not have, and its own readiness
+        drops while it loads; so a model is taken as missing (a config error) only once
+        the server has said it is ready for MODEL_GRACE_S on end. A refused token fails
+        at once."""
         deadline = time.monotonic() + self.settings.ready_timeout_s
-        self._poll("/v2/health/ready", deadline, "the server")
-        grace = min(deadline, time.monotonic() + MODEL_GRACE_S)
-        if not self._poll(f"/v2/models/{self.settings.model}/ready", grace, None):
-            raise ConfigError(
-                f"inference server {self.url} has no model '{self.settings.model}' ready"
-                f"{self._served_models()}; check remote.model"
-            )
-
-    def _poll(self, path: str, deadline: float, what: str | None) -> bool:
-        """GET `path` until it answers 200 or `deadline`; then False, or an error naming
-        `what` was not ready when `what` is given."""
-        last = "no answer yet"
+        server_ready_since: float | None = None
         while True:
-            try:
-                response = self._http.get(path)
-            except httpx.TimeoutException:
-                raise RemoteError(
-                    f"inference server {self.url} did not answer within remote.timeout_s "
-                    f"({self.settings.timeout_s} s); check that it is up and that remote.url "
-                    "points at it"
-                ) from None
-            except httpx.TransportError as err:
-                last = _describe(err)
+            if self._answers_ready(f"/v2/models/{self.settings.model}/ready"):
+                return
+            now = time.monotonic()
+            if self._answers_ready("/v2/health/ready"):
+                server_ready_since = server_ready_since or now
             else:
-                if response.status_code == 200:
-                    return True
-                self._refuse_on_auth(response)
-                last = f"HTTP {response.status_code} (not ready)"
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
-        if what is None:
+                server_ready_since = None
+            if server_ready_since is not None and (
+                now - server_ready_since >= MODEL_GRACE_S or now >= deadline
+            ):
+                raise ConfigError(
+                    f"inference server {self.url} has no model '{self.settings.model}' ready"
+                    f"{self._served_models()}; check remote.model"
+                )
+            if now >= deadline:
+                raise RemoteError(
+                    f"inference server {self.url}: the server was not ready within "
+                    f"remote.ready_timeout_s ({self.settings.ready_timeout_s} s), the last "
+                    f"answer: {self._last_answer}; start it, or check remote.url"
+                )
+            time.sleep(min(1.0, max(deadline - now, 0.0)))
+
+    def _answers_ready(self, path: str) -> bool:
+        """Whether GET `path` answers 200; what it answered otherwise is kept for the
+        error a job fails with once it stops waiting."""
+        try:
+            response = self._http.get(path)
+        except httpx.TimeoutException:
+            raise RemoteError(
+                f"inference server {self.url} did not answer within remote.timeout_s "
+                f"({self.settings.timeout_s} s); check that it is up and that remote.url "
+                "points at it"
+            ) from None
+        except httpx.TransportError as err:
+            self._last_answer = _describe(err)
             return False
-        raise RemoteError(
-            f"inference server {self.url}: {what} was not ready within "
-            f"remote.ready_timeout_s ({self.settings.ready_timeout_s} s), the last answer: "
-            f"{last}; start it, or check remote.url"
-        )
+        if response.status_code == 200:
+            return True
+        self._refuse_on_auth(response)
+        self._last_answer = f"HTTP {response.status_code} (not ready)"
+        return False
 
     def metadata(self) -> ModelMetadata:
         """The model's inputs and outputs; ConfigError if the server does not have it."""

@@ -11,14 +11,20 @@ SERVE_STAMP := $(SERVE_VENV)/.installed
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: install serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
+.PHONY: install constraints serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The versions CI tests, from envs/constraints.txt; pyproject.toml only holds ranges.
+$(STAMP): pyproject.toml envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --editable '.[dev]'
+	$(BIN)/pip install --quiet --constraint envs/constraints.txt --editable '.[dev]'
 	touch $@
+
+# After an upgrade that CI has passed: pin what .venv now holds.
+constraints: install
+	{ sed -n '1,3p' envs/constraints.txt; $(BIN)/pip freeze --exclude-editable; } > envs/constraints.new
+	mv envs/constraints.new envs/constraints.txt
 
 # `slidesnake serve` runs here: a second environment, because PyTriton pins numpy<2.
 serve-env: $(SERVE_STAMP)

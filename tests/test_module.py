@@ -44,9 +44,9 @@ onsuccess:
 """
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=cwd or workdir, capture_output=True, text=True)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     return result
 
@@ -75,6 +75,29 @@ def test_the_workflow_runs_as_a_module_of_another_workflow(tmp_path, rect_slide)
     assert_embedded(workdir, 80)
     assert (workdir / "results" / "cohort.tsv").read_text().splitlines()[1].startswith("rect\tdone")
     assert "Nothing to be done" in snakemake(workdir).stderr
+
+
+def planned_jobs(dry_run: str) -> dict[str, int]:
+    """Rule name (a module's prefix dropped) -> job count, from a dry run's job stats."""
+    stats = dry_run.split("Job stats:")[1].split("total")[0]
+    rows = (line.split() for line in stats.splitlines()[3:] if line.strip())
+    return {name.removeprefix("slidesnake_"): int(count) for name, count in rows}
+
+
+def test_the_top_level_snakefile_and_the_module_plan_the_same_jobs(tmp_path, rect_slide):
+    """Both layouts hold: `snakemake` run in the project's root (its top-level Snakefile),
+    workflow/Snakefile, and the workflow used as a module plan the same jobs."""
+    workdir = host(tmp_path / "host", rect_slide)
+    write_sheet(workdir / "config" / "samples.tsv", [("a", rect_slide), ("b", rect_slide)])
+    (workdir / "workflow").mkdir()
+    (workdir / "workflow" / "Snakefile").write_text(HOST_SNAKEFILE)
+    from_root = snakemake(workdir, "-n", "--directory", str(workdir), cwd=REPO)
+    assert f"Snakefile: {REPO / 'Snakefile'}" in from_root.stdout + from_root.stderr
+    plain = snakemake(workdir, "-n", "-s", str(REPO / "workflow" / "Snakefile"))
+    as_module = snakemake(workdir, "-n")
+    jobs = planned_jobs(from_root.stdout)
+    assert jobs["embed_tiles"] == 2 and jobs["make_tissue_mask"] == 2
+    assert jobs == planned_jobs(plain.stdout) == planned_jobs(as_module.stdout)
 
 
 def test_snakedeploy_deploys_a_runnable_workflow(tmp_path, rect_slide):

@@ -13,6 +13,7 @@ from pathlib import Path
 from slidesnake.cohort.demo import write_demo_slides
 from slidesnake.cohort.jobs import run_job
 from slidesnake.embed.settings import DEMO, EmbedSettings, RemoteSettings
+from slidesnake.errors import WeightsError
 from slidesnake.slides.synthetic import BENCH_SLIDES, random_blobs, write_slide
 from slidesnake.tiling.artefacts import ArtefactParams
 from slidesnake.tiling.grid import TileParams
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench.add_argument("--json", type=Path, help="also write the results here")
     _add_model_arguments(bench, bench=True)
 
+    _add_weights_commands(commands)
+
     args = parser.parse_args(argv)
     # The stages of one slide name it in their errors, as the workflow's jobs do.
     slide_id = Path(args.slide).stem if args.command in ("mask", "tiles", "embed") else None
@@ -156,6 +159,60 @@ def _embed(args: argparse.Namespace) -> None:
         out / "metrics.json",
         settings,
     )
+
+
+def _add_weights_commands(commands: argparse._SubParsersAction) -> None:
+    weights = commands.add_parser(
+        "weights", help="registry weights for a cluster without internet: list, fetch, verify"
+    )
+    steps = weights.add_subparsers(dest="step", required=True)
+    steps.add_parser("list", help="each registry model's hub repository, files, size, gating")
+    fetch = steps.add_parser("fetch", help="download weights and a manifest (needs the hub)")
+    fetch.add_argument("models", nargs="+", help="registry names, e.g. h-optimus-0 uni2-h")
+    fetch.add_argument("--to", type=Path, required=True, help="directory to carry over")
+    verify = steps.add_parser("verify", help="check a fetched directory offline")
+    verify.add_argument("directory", type=Path)
+
+
+def _weights(args: argparse.Namespace) -> None:
+    from slidesnake.models import weight_files
+
+    if args.step == "list":
+        for line in _weights_table([weight_files.hub_weights(n) for n in _hub_models()]):
+            print(line)
+    elif args.step == "fetch":
+        manifest = weight_files.fetch(args.models, args.to)
+        for name in args.models:
+            for record in manifest["models"][name]["files"]:
+                print(f"{name}: model.checkpoint: {args.to / name / record['name']}")
+                print(f"  {record['size']} bytes, sha256 {record['sha256']}")
+    else:
+        results = weight_files.verify(args.directory)
+        for path, problem in results:
+            print(f"OK    {path}" if problem is None else f"FAIL  {path}: {problem}")
+        failed = sum(problem is not None for _, problem in results)
+        if failed:
+            raise WeightsError(f"{failed} of {len(results)} weight files failed verification")
+
+
+def _hub_models() -> list[str]:
+    from slidesnake.models.registry import REGISTRY
+
+    return [name for name, spec in REGISTRY.items() if spec.hub_id]
+
+
+def _weights_table(entries: list) -> list[str]:
+    rows = [("model", "hub repository", "file (the first it has)", "fp32 size", "gated")]
+    for e in entries:
+        gated = {True: "yes: accept the licence", False: "no", None: "unknown"}[e.gated]
+        rows.append((e.model, e.repo, " or ".join(e.files), f"{e.parameters * 4 / 1e9:.1f} GB",
+                     gated))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    lines.append("sha256: none shipped; `fetch` records each file's in the manifest")
+    return lines
 
 
 def _export_h5(args: argparse.Namespace) -> None:
@@ -238,4 +295,5 @@ _COMMANDS = {
     "embed": _embed,
     "export-h5": _export_h5,
     "bench": _bench,
+    "weights": _weights,
 }

@@ -92,5 +92,9 @@ class RemoteRefusedError(RemoteError):
     """The server refused the token (401/403): retrying cannot help."""
 
 
+class WeightsError(SlidesnakeError):
+    """`slidesnake weights` could not fetch, or found no manifest to verify."""
+
+
 class NonFiniteError(SlidesnakeError):
     """A model, head or encoder gave NaN or infinite values: never written as a result."""

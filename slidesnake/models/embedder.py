@@ -36,6 +36,7 @@ from slidesnake.models.registry import ModelSpec, weights_source
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DEFAULT_INPUT_SIZE = 224  # for an architecture that takes any size, when none is given
 
 
 @dataclass
@@ -211,6 +212,22 @@ def _meta_width(spec: ModelSpec, input_size: int) -> int:
     with torch.device("meta"):
         network = build_network(spec, input_size)
         return int(network(torch.empty(1, 3, input_size, input_size)).shape[1])
+
+
+def check_fit(spec: ModelSpec, state: dict[str, torch.Tensor], path: Path) -> None:
+    """UnfitWeights unless `state` fills the architecture of `spec` name for name and
+    shape for shape; the architecture is built on the meta device, so this costs nothing
+    but the state dict itself."""
+    with torch.device("meta"):
+        network = build_network(spec, spec.input_size or DEFAULT_INPUT_SIZE)
+    _fill(network.network, state, path, spec)
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """How many weights the architecture of `spec` has: the size of its checkpoint."""
+    with torch.device("meta"):
+        network = build_network(spec, spec.input_size or DEFAULT_INPUT_SIZE)
+    return sum(p.numel() for p in network.parameters())
 
 
 def _checkpoint_path(spec: ModelSpec, weights: str, checkpoint: str | None) -> Path | None:

@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "slides": {"errors"},
     "tiling": {"slides", "errors", "atomic", "side_files"},
     "loader": {"slides", "tiling", "errors"},
-    "models": {"errors", "side_files"},
+    "models": {"errors", "atomic", "side_files"},
     "embed": {"loader", "models", "tiling", "errors", "atomic", "finite"},
     "cohort": {
         "slides",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: run it whenever a CUDA GPU is at hand (`make gpu-check`), under 8 minutes.
-# The CUDA-only tests, then `slidesnake bench` with H-optimus-0 (random weights) in fp16
+# The doctor's GPU lines, the CUDA-only tests, then `slidesnake bench` with H-optimus-0 (random weights) in fp16
 # and bf16 with 4, 8 and 16 loader workers, and the start-up of an H-optimus-0 job from
 # an fp16 safetensors file; one table at the end. Results go to ${OUT:-gpu-check}/.
 set -euo pipefail
@@ -10,6 +10,8 @@ OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU here")'
 nvidia-smi -L | tee "$OUT/gpus.txt"
+# The pre-flight check's GPU lines (name, memory, driver, fp16 and bf16 tried on each GPU).
+"$PYTHON" -m slidesnake doctor --configfile config/demo.yaml 2>&1 | tee "$OUT/doctor.txt" || true
 
 # test_cuda.py, and the pipeline-equals-tiles-read-one-by-one tests on the GPU's path.
 "$PYTHON" -m pytest -q tests/test_cuda.py tests/test_embedding.py 2>&1 | tee "$OUT/tests.txt" || echo "TESTS FAILED: see $OUT/tests.txt"

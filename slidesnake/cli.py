@@ -87,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     _add_model_arguments(bench, bench=True)
 
     _add_weights_commands(commands)
+    doctor = commands.add_parser("doctor", help="check what a run needs, one line each")
+    doctor.add_argument("--configfile", type=Path, nargs="+", help="over config/config.yaml")
+    doctor.add_argument("--profile", help="the run's Snakemake profile (profiles/slurm: SLURM)")
 
     args = parser.parse_args(argv)
     # The stages of one slide name it in their errors, as the workflow's jobs do.
@@ -195,6 +198,21 @@ def _weights(args: argparse.Namespace) -> None:
             raise WeightsError(f"{failed} of {len(results)} weight files failed verification")
 
 
+def _doctor(args: argparse.Namespace) -> None:
+    from slidesnake.doctor import run_doctor
+
+    # As the workflow reads them: its config/config.yaml, then each --configfile over it.
+    base = Path("config/config.yaml")
+    configfiles = [base] if base.is_file() else []
+    configfiles += [p for p in args.configfile or [] if p.resolve() != base.resolve()]
+    findings = run_doctor(configfiles, slurm="slurm" in (args.profile or ""))
+    for finding in findings:
+        print(finding.line())
+    failed = sum(finding.status == "FAIL" for finding in findings)
+    if failed:
+        sys.exit(f"doctor: {failed} problem(s); each FAIL line above says what to do")
+
+
 def _hub_models() -> list[str]:
     from slidesnake.models.registry import REGISTRY
 
@@ -296,4 +314,5 @@ _COMMANDS = {
     "export-h5": _export_h5,
     "bench": _bench,
     "weights": _weights,
+    "doctor": _doctor,
 }

@@ -214,12 +214,14 @@ def _meta_width(spec: ModelSpec, input_size: int) -> int:
         return int(network(torch.empty(1, 3, input_size, input_size)).shape[1])
 
 
-def check_fit(spec: ModelSpec, state: dict[str, torch.Tensor], path: Path) -> None:
-    """UnfitWeights unless `state` fills the architecture of `spec` name for name and
-    shape for shape; the architecture is built on the meta device, so this costs nothing
-    but the state dict itself."""
+def check_fit(
+    spec: ModelSpec, state: dict[str, torch.Tensor], path: Path, input_size: int | None = None
+) -> None:
+    """UnfitWeights unless `state` fills the architecture of `spec` (sized for
+    `input_size` px tiles) name for name and shape for shape; the architecture is built
+    on the meta device, so this costs nothing but the state dict itself."""
     with torch.device("meta"):
-        network = build_network(spec, spec.input_size or DEFAULT_INPUT_SIZE)
+        network = build_network(spec, input_size or spec.input_size or DEFAULT_INPUT_SIZE)
     _fill(network.network, state, path, spec)
 
 

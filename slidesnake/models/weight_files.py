@@ -151,16 +151,22 @@ def _problem(name: str, path: Path, record: dict) -> str | None:
     spec = REGISTRY.get(name)
     if spec is None:
         return f"'{name}' is no registry model of this slidesnake version"
+    return weights_problem(spec, path)
+
+
+def weights_problem(spec: ModelSpec, path: Path, input_size: int | None = None) -> str | None:
+    """Why the state dict at `path` would fail a job of model `spec`, or None: it loads
+    as weights only, has the registry's width and fills the architecture exactly."""
     try:
         state = load_state_dict(path)
     except ModelError as err:
         return str(err)
     width = _width(state, spec)
     if width is not None and spec.dim is not None and width != spec.dim:
-        return (f"holds a model {width} wide, but '{name}' is {spec.dim} wide: it is "
+        return (f"holds a model {width} wide, but '{spec.name}' is {spec.dim} wide: it is "
                 "another model's weights; fetch the right repository")  # fmt: skip
     try:
-        check_fit(spec, state, path)
+        check_fit(spec, state, path, input_size)
     except UnfitWeights as err:
         return str(err)
     return None

@@ -1,0 +1,374 @@
+"""`slidesnake doctor`: what a run will need, checked before it starts, one line each.
+
+Each check returns `Finding`s: OK, NOTE (worth knowing, not a fault: no GPU on a laptop)
+or FAIL with the fix. The checks read what the workflow would: the same config with the
+workflow's defaults, the same sample sheet, the same weights loader.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from packaging.requirements import Requirement
+
+from slidesnake.cohort.config import check_config, typed_sections, whole_numbers, with_defaults
+from slidesnake.cohort.samples import read_sample_sheet
+from slidesnake.errors import SlidesnakeError
+from slidesnake.models.checkpoints import HUB_FILES, is_program
+from slidesnake.models.pt2_archive import check_archive
+from slidesnake.models.registry import check_model_config, model_spec, weights_source
+from slidesnake.models.weight_files import weights_problem
+from slidesnake.slides.slide import Slide
+
+Status = Literal["OK", "NOTE", "FAIL"]
+REPO = Path(__file__).resolve().parents[1]
+MIN_PYTHON = (3, 11)
+# What a slide writes besides its embeddings: masks, QC pictures, tables, map, metrics.
+PICTURES_BYTES = 3 << 20
+# The share of a slide's area under tissue, for the disk estimate: a slide is not tiled
+# before the run, and H&E sections cover a third to a half of the scan.
+TISSUE_SHARE = 0.5
+# The width the disk estimate takes for a model whose width is known only once it runs.
+LARGEST_WIDTH = 2560
+SERVER_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    check: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.status:<5} {self.check}: {self.message}"
+
+
+def python_check(version: tuple[int, ...] = sys.version_info[:3]) -> list[Finding]:
+    shown = ".".join(map(str, version))
+    if tuple(version[:2]) < MIN_PYTHON:
+        need = ".".join(map(str, MIN_PYTHON))
+        return [Finding("FAIL", "python", f"Python {shown}; slidesnake needs {need} or later")]
+    return [Finding("OK", "python", f"Python {shown} ({sys.executable})")]
+
+
+def packages_check(requirements: Iterable[str] | None = None) -> list[Finding]:
+    """Each dependency installed and inside the range pyproject.toml gives."""
+    if requirements is None:
+        requirements = [r for r in metadata.requires("slidesnake") or [] if "extra ==" not in r]
+    found, problems = [], []
+    for text in requirements:
+        requirement = Requirement(text)
+        try:
+            version = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{requirement.name} is not installed")
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            problems.append(f"{requirement.name} {version} is outside {requirement.specifier}")
+        found.append(f"{requirement.name} {version}")
+    if problems:
+        fix = "pip install -e . (or make install) in the environment the jobs run in"
+        return [Finding("FAIL", "packages", f"{'; '.join(problems)}; {fix}")]
+    return [
+        Finding(
+            "OK",
+            "packages",
+            f"slidesnake {metadata.version('slidesnake')}; {len(found)} dependencies in range",
+        )
+    ]
+
+
+def torch_check() -> list[Finding]:
+    """torch, its CUDA build, and each visible GPU with fp16 and bf16 tried on it."""
+    import torch
+
+    cuda = torch.version.cuda or "none (a CPU build)"
+    findings = [Finding("OK", "torch", f"torch {torch.__version__}, CUDA build {cuda}")]
+    if not torch.cuda.is_available():
+        return [
+            *findings,
+            Finding(
+                "NOTE",
+                "gpu",
+                "no GPU visible: embedding runs on the CPU, "
+                "fine for tests and demos, far too slow for a cohort",
+            ),
+        ]
+    return findings + [_gpu_finding(index) for index in range(torch.cuda.device_count())]
+
+
+def _gpu_finding(index: int) -> Finding:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    failed = [
+        name
+        for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))
+        if not _matmul_works(index, dtype)
+    ]
+    what = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, driver {_driver()}"
+    if failed:
+        return Finding(
+            "FAIL",
+            f"gpu {index}",
+            f"{what}: {' and '.join(failed)} give wrong "
+            "results; set model.precision: fp32, or check the driver",
+        )
+    return Finding("OK", f"gpu {index}", f"{what}; fp16 and bf16 work")
+
+
+def _matmul_works(index: int, dtype: Any) -> bool:
+    import torch
+
+    a = torch.randn(64, 64, device=f"cuda:{index}")
+    try:
+        low = (a.to(dtype) @ a.to(dtype)).float()
+    except RuntimeError:
+        return False
+    return bool(torch.allclose(low, a @ a, rtol=0.05, atol=0.5))
+
+
+def _driver() -> str:
+    try:
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return answer.stdout.splitlines()[0].strip() if answer.stdout.strip() else "unknown"
+
+
+def openslide_check(module: str = "openslide") -> list[Finding]:
+    try:
+        openslide = importlib.import_module(module)
+        version = openslide.__library_version__
+    except (ImportError, OSError, AttributeError) as err:
+        return [
+            Finding(
+                "FAIL",
+                "openslide",
+                f"the OpenSlide library cannot be loaded ({err}); pip install openslide-bin",
+            )
+        ]
+    return [Finding("OK", "openslide", f"OpenSlide {version}")]
+
+
+def snakemake_check(slurm: bool, sinfo: str = "sinfo") -> list[Finding]:
+    """Snakemake and its executor plugins; with the SLURM profile, the cluster's answer."""
+    executors = sorted(
+        d.metadata["Name"].removeprefix("snakemake-executor-plugin-")
+        for d in metadata.distributions()
+        if d.metadata["Name"].startswith("snakemake-executor-plugin-")
+    )
+    shown = ", ".join(executors) or "none besides local"
+    findings = [
+        Finding("OK", "snakemake", f"Snakemake {metadata.version('snakemake')}; executors: {shown}")
+    ]
+    if not slurm:
+        return findings
+    if "slurm" not in executors:
+        return [
+            *findings,
+            Finding(
+                "FAIL", "slurm", "the SLURM profile needs its executor: pip install -e '.[slurm]'"
+            ),
+        ]
+    return [*findings, _slurm_finding(sinfo)]
+
+
+def _slurm_finding(sinfo: str) -> Finding:
+    try:
+        answer = subprocess.run(
+            [sinfo, "--noheader", "--format=%P %a %D"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Finding(
+            "FAIL",
+            "slurm",
+            f"sinfo did not answer ({err}); run where SLURM "
+            "commands work, or leave out --profile profiles/slurm",
+        )
+    if answer.returncode != 0:
+        said = (answer.stderr.strip().splitlines() or ["no message"])[-1]
+        return Finding(
+            "FAIL",
+            "slurm",
+            f"SLURM does not answer ({said}); check that "
+            "slurmctld is up (scontrol ping), or leave out the SLURM profile",
+        )
+    partitions = ", ".join(line.split()[0] for line in answer.stdout.splitlines() if line.strip())
+    return Finding("OK", "slurm", f"partitions: {partitions or 'none'}")
+
+
+def load_config(configfiles: list[Path]) -> dict[str, Any]:
+    """The run's config as the workflow makes it: the files given, over the defaults."""
+    config: dict[str, Any] = {}
+    for path in configfiles:
+        config.update(yaml.safe_load(path.read_text()) or {})
+    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    config = with_defaults(typed_sections(config, schema), defaults)
+    check_config(config, schema)
+    return whole_numbers(config, schema)
+
+
+def run_checks(checks: dict[str, Callable[[], list[Finding]]]) -> list[Finding]:
+    """Every check, each on its own: one that raises becomes its FAIL line."""
+    findings = []
+    for name, check in checks.items():
+        try:
+            findings.extend(check())
+        except SlidesnakeError as err:
+            findings.append(Finding("FAIL", name, str(err)))
+    return findings
+
+
+def run_doctor(configfiles: list[Path], slurm: bool) -> list[Finding]:
+    """All checks: the machine's, then the run's (config, weights, slides, disk)."""
+    findings = run_checks({
+        "python": python_check,
+        "packages": packages_check,
+        "torch": torch_check,
+        "openslide": openslide_check,
+        "snakemake": lambda: snakemake_check(slurm),
+    })  # fmt: skip
+    try:
+        config = load_config(configfiles)
+    except (SlidesnakeError, OSError, yaml.YAMLError) as err:
+        return [*findings, Finding("FAIL", "config", f"{err}; fix the config")]
+    shown = ", ".join(map(str, configfiles)) or "the workflow's defaults"
+    findings.append(Finding("OK", "config", f"{shown}: valid"))
+    return findings + run_checks({
+        "weights": lambda: weights_check(config),
+        "slides": lambda: slides_check(config),
+    })  # fmt: skip
+
+
+def weights_check(config: dict[str, Any]) -> list[Finding]:
+    """The configured model's weights as a job will load them, or its server's answer."""
+    model = config["model"]
+    if model["backend"] == "remote":
+        return [_server_finding(config)]
+    check_model_config(model, config["tiles"], config["remote"])
+    spec = model_spec(model["name"], model["mean"], model["std"])
+    source = weights_source(spec, model["weights"], model["checkpoint"])
+    if source is None:
+        return [
+            Finding(
+                "NOTE",
+                "weights",
+                f"model '{spec.name}' has random weights: its "
+                "embeddings mean nothing (demos and tests only)",
+            )
+        ]
+    if source.startswith("hf-hub:"):
+        return [_hub_cache_finding(source)]
+    path = Path(source)
+    if is_program(path):
+        if path.suffix == ".pt2":
+            check_archive(path)
+        return [Finding("OK", "weights", f"{path}: a program, checked as plain data")]
+    problem = weights_problem(spec, path, config["tiles"]["size"])
+    if problem is not None:
+        return [Finding("FAIL", "weights", problem)]
+    return [Finding("OK", "weights", f"{path} loads as weights only and fits '{spec.name}'")]
+
+
+def _hub_cache_finding(source: str) -> Finding:
+    from huggingface_hub import try_to_load_from_cache
+
+    repo = source.removeprefix("hf-hub:")
+    for filename in HUB_FILES:
+        cached = try_to_load_from_cache(repo, filename)
+        if isinstance(cached, str):
+            return Finding("OK", "weights", f"{source} is in the Hugging Face cache ({cached})")
+    return Finding(
+        "FAIL",
+        "weights",
+        f"{source} is not in the Hugging Face cache here; a job "
+        "on a machine without internet fails: run `slidesnake weights fetch` and "
+        "set model.checkpoint",
+    )
+
+
+def _server_finding(config: dict[str, Any]) -> Finding:
+    from slidesnake.embed.settings import EmbedSettings
+    from slidesnake.remote.client import InferenceClient
+
+    remote = replace(EmbedSettings.from_config(config).remote, ready_timeout_s=SERVER_WAIT_S)
+    urls = [remote.url] if isinstance(remote.url, str) else list(remote.url)
+    for url in urls:
+        client = InferenceClient(remote, url)
+        try:
+            client.wait_ready()
+        finally:
+            client.close()
+    return Finding("OK", "server", f"model '{remote.model}' ready on {', '.join(urls)}")
+
+
+def slides_check(config: dict[str, Any]) -> list[Finding]:
+    """Every slide of the sheet opens, with a resolution: the disk estimate needs both."""
+    sheet = read_sample_sheet(config["samples"])
+    problems, sizes = [], []
+    for slide_id, row in sheet.iterrows():
+        try:
+            slide = Slide(row["path"], slide_id, row["mpp"] if row["mpp"] == row["mpp"] else None)
+            sizes.append((slide.dimensions, slide.mpp))
+        except SlidesnakeError as err:
+            problems.append(str(err))
+    if problems:
+        shown = "; ".join(problems[:3]) + (
+            f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        )
+        return [
+            Finding(
+                "FAIL", "slides", f"{len(problems)} of {len(sheet)} slides cannot be read: {shown}"
+            )
+        ]
+    findings = [Finding("OK", "slides", f"all {len(sheet)} slides of {config['samples']} open")]
+    return findings + disk_check(config, sizes)
+
+
+def disk_check(config: dict[str, Any], sizes: list, free: int | None = None) -> list[Finding]:
+    """Free space under results/ against what the cohort will write: embeddings of the
+    tiles under tissue (taken as half of each slide), and the pictures and tables."""
+    needed = sum(_slide_bytes(config, dimensions, mpp) for dimensions, mpp in sizes)
+    results = Path("results")
+    free = free_bytes(results) if free is None else free
+    shown = f"the cohort needs about {needed / 1e9:.2f} GB, {results}/ has {free / 1e9:.1f} GB free"
+    if needed > free:
+        return [Finding("FAIL", "disk", f"{shown}; free space or run from another disk")]
+    return [Finding("OK", "disk", shown)]
+
+
+def _slide_bytes(config: dict[str, Any], dimensions: tuple[int, int], mpp: float) -> float:
+    tiles = config["tiles"]
+    stride_um = (tiles["stride"] or tiles["size"]) * tiles["mpp"]
+    area_um2 = dimensions[0] * dimensions[1] * mpp * mpp
+    count = TISSUE_SHARE * area_um2 / stride_um**2
+    value_bytes = 2 if config["output"]["dtype"] == "float16" else 4
+    width = _width(config)
+    return count * (width * value_bytes + 16) + PICTURES_BYTES
+
+
+def _width(config: dict[str, Any]) -> int:
+    model = config["model"]
+    spec = model_spec(model["name"], model["mean"], model["std"])
+    return spec.dim or LARGEST_WIDTH
+
+
+def free_bytes(directory: Path) -> int:
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    return shutil.disk_usage(existing).free

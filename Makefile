@@ -11,7 +11,7 @@ SERVE_STAMP := $(SERVE_VENV)/.installed
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: install constraints serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
+.PHONY: install constraints docs serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
@@ -60,6 +60,10 @@ demo: install
 
 test: install
 	$(BIN)/pytest
+
+# The documentation site (MkDocs), into site/; strict: a broken link or reference fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: install
 	$(BIN)/slidesnake demo-slides demo/slides

@@ -11,7 +11,7 @@ SERVE_STAMP := $(SERVE_VENV)/.installed
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: install constraints docs serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
+.PHONY: install constraints docs test-fast serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
@@ -58,8 +58,16 @@ demo: install
 	@echo "  results/embedding_maps.jpg, results/slide_features_pca.png, and all of it in"
 	@echo "  results/report.html (open it in a browser)"
 
+# Two test processes, a test file each at a time (a file's servers and slides are made
+# once): the tests wait on processes, servers and clusters as much as they compute.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The edit-test loop: no workflow runs, no servers, no cluster, no virtual environments.
+test-fast: install
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "$(FAST)"
+FAST := not workflow and not server and not slurm and not install and not real_slides
 
 # The documentation site (MkDocs), into site/; strict: a broken link or reference fails.
 docs: install

@@ -39,6 +39,8 @@ from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tissue import TissueParams
 
+pytestmark = pytest.mark.server
+
 SERVE_PYTHON = Path(os.environ.get("SLIDESNAKE_SERVE_PYTHON", REPO / ".venv-serve/bin/python"))
 TOKEN = "tok-7f3a91c2e5"  # the tests' bearer token: must never show up in an output
 

@@ -64,10 +64,10 @@ TEST_WORKERS ?= 2
 test: install
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
-# The edit-test loop: no workflow runs, no servers, no cluster, no virtual environments.
+# The edit-test loop: no workflow runs, servers, cluster, virtual environments or waits.
 test-fast: install
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "$(FAST)"
-FAST := not workflow and not server and not slurm and not install and not real_slides
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load -m "$(FAST)"
+FAST := not workflow and not server and not slurm and not install and not real_slides and not slow
 
 # The documentation site (MkDocs), into site/; strict: a broken link or reference fails.
 docs: install

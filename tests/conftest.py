@@ -14,6 +14,13 @@ import yaml
 
 from slidesnake.slides.synthetic import Rect, random_blobs, write_slide
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # `make test` runs a test process per core: torch's thread pool in each (and in the
+    # processes each starts) would only contend for the same cores. A Snakemake job
+    # still gets its own threads' worth, which Snakemake sets.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_SLIDES = REPO.parent / "shared" / "slides"
 

@@ -81,6 +81,7 @@ def test_two_jobs_per_gpu_share_each_gpu_and_never_three(pretend_gpus):
             job.wait()
 
 
+@pytest.mark.slow
 def test_a_job_waiting_for_a_gpu_says_once_who_holds_them_and_what_to_pass(pretend_gpus):
     first, second = claim(hold_s=60), claim(hold_s=60)
     try:

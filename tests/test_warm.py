@@ -65,7 +65,7 @@ class Warm:
         with open(self.path.with_suffix(".log"), "ab") as log:
             command = [sys.executable, "-m", "slidesnake.cohort.warm", str(self.path)]
             self.server = subprocess.Popen(command, stdout=log, stderr=log)
-        wait_for(self.path.exists)
+        wait_for(lambda: listening(self.path))
         return self
 
     def forked(self) -> list[str]:
@@ -98,6 +98,16 @@ def server(tmp_path, monkeypatch):
     started = Warm(tmp_path / "warm", monkeypatch)
     yield started
     started.stop()
+
+
+def listening(path: Path) -> bool:
+    """Whether a socket at `path` accepts connections: it exists from its bind(), and a
+    connection before its listen() is refused. /proc/net/unix flags 0x10000: listening."""
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 8 and fields[7] == str(path) and int(fields[3], 16) & 0x10000:
+            return True
+    return False
 
 
 def wait_for(condition, timeout_s: float = 60) -> None:
@@ -181,6 +191,7 @@ def test_a_client_killed_mid_job_takes_its_child_with_it(server, slow_slide, tmp
     assert server.server.poll() is None, "the server itself serves on"
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_client_stops_its_job_cleanly(server, tmp_path):
     """The embedding job's own SIGTERM handling, through the client: temporary store
     removed, exit status 128 + SIGTERM, one line."""

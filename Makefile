@@ -66,7 +66,7 @@ test: install
 
 # The edit-test loop: no workflow runs, servers, cluster, virtual environments or waits.
 test-fast: install
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist load -m "$(FAST)"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "$(FAST)"
 FAST := not workflow and not server and not slurm and not install and not real_slides and not slow
 
 # The documentation site (MkDocs), into site/; strict: a broken link or reference fails.

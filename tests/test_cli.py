@@ -6,6 +6,7 @@ import json
 
 import h5py
 import numpy as np
+import pytest
 
 from slidesnake import load_embeddings
 from slidesnake.cli import main
@@ -23,6 +24,7 @@ def test_embed_then_export_from_the_command_line(tmp_path, blob_slide):
         np.testing.assert_array_equal(f["coords"][:], coords)
 
 
+@pytest.mark.slow  # every stage of the benchmark, in rounds
 def test_bench_measures_every_stage_on_the_same_slide(tmp_path, blob_slide, capsys):
     main(
         [

@@ -199,6 +199,7 @@ except Exception:
 """
 
 
+@pytest.mark.slow  # a fresh torch per attack
 @pytest.mark.parametrize("attack", RUNS_UNCHECKED, ids=lambda f: f.__name__)
 def test_unchecked_torch_runs_the_payload_of_a_hostile_program(tmp_path, program, attack):
     marker = tmp_path / "marker"

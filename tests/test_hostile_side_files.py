@@ -169,6 +169,7 @@ def test_a_malformed_regions_file_is_one_line_naming_it(tmp_path, text, problem)
     assert "\n" not in message
 
 
+@pytest.mark.slow  # a million vertices
 def test_a_polygon_of_a_million_vertices_is_rasterised_in_linear_time(
     rect_slide, rect_mask, tmp_path
 ):

@@ -136,7 +136,7 @@ def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
 def test_a_job_no_node_can_run_is_reported_and_cancelled(tmp_path, blob_slide):
     """More loader workers than the node has CPUs: SLURM would keep the job pending
     forever; the run reports it with the setting to change, and ends."""
-    cpus = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    cpus = os.cpu_count()  # the node's, as slurm.conf has it (nproc follows OMP_NUM_THREADS)
     on_slurm = Workflow(tmp_path / "slurm")
     on_slurm.sheet([("blobs", blob_slide)])
     started = time.monotonic()

@@ -62,7 +62,7 @@ demo: install
 # once): the tests wait on processes, servers and clusters as much as they compute.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 # The edit-test loop: no workflow runs, servers, cluster, virtual environments or waits.
 test-fast: install

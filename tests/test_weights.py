@@ -216,6 +216,16 @@ def test_fetch_names_what_it_cannot_find(hub, tiny_models, tmp_path, capsys):
     assert "'no-such-model' is no registry model with hub weights" in capsys.readouterr().err
 
 
+def test_a_hub_that_cannot_be_reached_fails_in_one_line(tiny_models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    with pytest.raises(SystemExit):
+        weights("fetch", "tiny-a", "--to", str(tmp_path / "w"))
+    error = capsys.readouterr().err
+    assert "standin/tiny-a: model.safetensors could not be fetched (ConnectError" in error
+    assert "fetch on a machine that reaches the hub" in error and "Traceback" not in error
+
+
 def test_verify_without_a_manifest_says_to_fetch(tmp_path, capsys):
     with pytest.raises(SystemExit):
         weights("verify", str(tmp_path))

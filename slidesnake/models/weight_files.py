@@ -85,7 +85,7 @@ def fetch(names: list[str], directory: Path) -> dict:
 def _download(repo: str, destination: Path) -> tuple[Path, str]:
     """The first of HUB_FILES that `repo` has, at its current revision."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HfHubHTTPError
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError
 
     hub = endpoint()
     for filename in HUB_FILES:
@@ -101,7 +101,7 @@ def _download(repo: str, destination: Path) -> tuple[Path, str]:
                 f"{hub}/{repo} is gated: accept its licence on the model's page with your "
                 "account, then set HF_TOKEN (or run `hf auth login`) and fetch again"
             ) from None
-        except (HfHubHTTPError, OSError, ValueError) as err:
+        except Exception as err:  # the hub's client raises its HTTP library's errors too
             raise WeightsError(
                 f"{hub}/{repo}: {filename} could not be fetched ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); fetch on a machine that "

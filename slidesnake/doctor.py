@@ -225,13 +225,17 @@ def load_config(configfiles: list[Path]) -> dict[str, Any]:
 
 
 def run_checks(checks: dict[str, Callable[[], list[Finding]]]) -> list[Finding]:
-    """Every check, each on its own: one that raises becomes its FAIL line."""
+    """Every check, each on its own: one that raises becomes its FAIL line, and the
+    next check still runs."""
     findings = []
     for name, check in checks.items():
         try:
             findings.extend(check())
         except SlidesnakeError as err:
             findings.append(Finding("FAIL", name, str(err)))
+        except Exception as err:  # a check that breaks must not hide the checks after it
+            said = str(err).splitlines()[0] if str(err) else "no message"
+            findings.append(Finding("FAIL", name, f"unexpected {type(err).__name__}: {said}"))
     return findings
 
 

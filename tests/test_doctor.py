@@ -172,3 +172,12 @@ def test_an_invalid_config_fails_its_line_and_skips_what_needs_it(project):
     config_line = next(f for f in findings if f.check == "config")
     assert config_line.status == "FAIL" and "tiles.size" in config_line.message
     assert not any(f.check in ("weights", "slides") for f in findings)
+
+
+def test_a_check_that_breaks_is_a_fail_line_and_the_next_check_runs():
+    def broken() -> list:
+        raise KeyError("samples")
+
+    findings = doctor.run_checks({"broken": broken, "python": doctor.python_check})
+    assert findings[0] == doctor.Finding("FAIL", "broken", "unexpected KeyError: 'samples'")
+    assert findings[1].check == "python" and findings[1].status == "OK"

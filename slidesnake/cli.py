@@ -181,7 +181,9 @@ def _weights(args: argparse.Namespace) -> None:
     from slidesnake.models import weight_files
 
     if args.step == "list":
-        for line in _weights_table([weight_files.hub_weights(n) for n in _hub_models()]):
+        for line in _weights_table(
+            [weight_files.hub_weights(n) for n in weight_files.hub_models()]
+        ):
             print(line)
     elif args.step == "fetch":
         manifest = weight_files.fetch(args.models, args.to)
@@ -211,12 +213,6 @@ def _doctor(args: argparse.Namespace) -> None:
     failed = sum(finding.status == "FAIL" for finding in findings)
     if failed:
         sys.exit(f"doctor: {failed} problem(s); each FAIL line above says what to do")
-
-
-def _hub_models() -> list[str]:
-    from slidesnake.models.registry import REGISTRY
-
-    return [name for name, spec in REGISTRY.items() if spec.hub_id]
 
 
 def _weights_table(entries: list) -> list[str]:

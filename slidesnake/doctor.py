@@ -8,6 +8,7 @@ workflow's defaults, the same sample sheet, the same weights loader.
 from __future__ import annotations
 
 import importlib
+import math
 import shutil
 import subprocess
 import sys
@@ -327,9 +328,10 @@ def slides_check(config: dict[str, Any]) -> list[Finding]:
     sheet = read_sample_sheet(config["samples"])
     problems, sizes = [], []
     for slide_id, row in sheet.iterrows():
+        mpp = None if math.isnan(row["mpp"]) else row["mpp"]
         try:
-            slide = Slide(row["path"], slide_id, row["mpp"] if row["mpp"] == row["mpp"] else None)
-            sizes.append((slide.dimensions, slide.mpp))
+            with Slide(row["path"], slide_id, mpp) as slide:  # a cohort's worth of files
+                sizes.append((slide.dimensions, slide.mpp))
         except SlidesnakeError as err:
             problems.append(str(err))
     if problems:
@@ -348,7 +350,9 @@ def slides_check(config: dict[str, Any]) -> list[Finding]:
 def disk_check(config: dict[str, Any], sizes: list, free: int | None = None) -> list[Finding]:
     """Free space under results/ against what the cohort will write: embeddings of the
     tiles under tissue (taken as half of each slide), and the pictures and tables."""
-    needed = sum(_slide_bytes(config, dimensions, mpp) for dimensions, mpp in sizes)
+    model = config["model"]
+    width = model_spec(model["name"], model["mean"], model["std"]).dim or LARGEST_WIDTH
+    needed = sum(_slide_bytes(config, width, dimensions, mpp) for dimensions, mpp in sizes)
     results = Path("results")
     free = free_bytes(results) if free is None else free
     shown = f"the cohort needs about {needed / 1e9:.2f} GB, {results}/ has {free / 1e9:.1f} GB free"
@@ -357,20 +361,15 @@ def disk_check(config: dict[str, Any], sizes: list, free: int | None = None) -> 
     return [Finding("OK", "disk", shown)]
 
 
-def _slide_bytes(config: dict[str, Any], dimensions: tuple[int, int], mpp: float) -> float:
+def _slide_bytes(
+    config: dict[str, Any], width: int, dimensions: tuple[int, int], mpp: float
+) -> float:
     tiles = config["tiles"]
     stride_um = (tiles["stride"] or tiles["size"]) * tiles["mpp"]
     area_um2 = dimensions[0] * dimensions[1] * mpp * mpp
     count = TISSUE_SHARE * area_um2 / stride_um**2
     value_bytes = 2 if config["output"]["dtype"] == "float16" else 4
-    width = _width(config)
     return count * (width * value_bytes + 16) + PICTURES_BYTES
-
-
-def _width(config: dict[str, Any]) -> int:
-    model = config["model"]
-    spec = model_spec(model["name"], model["mean"], model["std"])
-    return spec.dim or LARGEST_WIDTH
 
 
 def free_bytes(directory: Path) -> int:

@@ -47,10 +47,15 @@ def hub_weights(name: str) -> HubWeights:
     return HubWeights(name, _repo(spec), HUB_FILES, GATED.get(name), parameter_count(spec))
 
 
+def hub_models() -> list[str]:
+    """The registry models whose weights are on the hub."""
+    return [name for name, spec in REGISTRY.items() if spec.hub_id]
+
+
 def _hub_spec(name: str) -> ModelSpec:
     spec = REGISTRY.get(name)
     if spec is None or spec.hub_id is None:
-        known = ", ".join(n for n, s in REGISTRY.items() if s.hub_id)
+        known = ", ".join(hub_models())
         raise ConfigError(f"'{name}' is no registry model with hub weights; choose: {known}")
     return spec
 

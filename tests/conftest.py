@@ -21,16 +21,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# The files that take longest go first, so that the test processes of `make test` (a file
-# each at a time) finish together rather than one waiting on the cluster's tests alone.
-LONGEST_FIRST = ("test_slurm.py", "test_remote.py", "test_failures.py", "test_workflow.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 REPO = Path(__file__).resolve().parents[1]
 SHARED_SLIDES = REPO.parent / "shared" / "slides"
 

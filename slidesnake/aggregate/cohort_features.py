@@ -4,7 +4,6 @@ never run while one slide fails). No torch, no zarr: the workflow's main process
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -14,14 +13,15 @@ from slidesnake.atomic import atomic_output
 SLIDE_FEATURES = "slide_features.parquet"
 
 
-def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) -> pd.DataFrame:
-    """Write the rows of `slide_ids` that have their slide_features.parquet, and return
-    them; a cohort without any gets the columns and no row. Columns of features missing
-    from a slide (a narrower encoder vector) are NaN."""
+def gather_slide_features(done: pd.DataFrame, slides: Path, path: Path) -> pd.DataFrame:
+    """Write the rows of the `done` slides (cohort rows: slide_id, and model with several
+    models) that have their slide_features.parquet, and return them; a cohort without any
+    gets the columns and no row. Columns of features missing from a slide (a narrower
+    encoder vector, another model) are NaN. With several models, a model_key column."""
     tables = [
-        pd.read_parquet(slides / slide_id / SLIDE_FEATURES)
-        for slide_id in slide_ids
-        if (slides / slide_id / SLIDE_FEATURES).is_file()
+        _with_key(pd.read_parquet(folder / SLIDE_FEATURES), key)
+        for _, folder, key in _folders(done, slides)
+        if (folder / SLIDE_FEATURES).is_file()
     ]
     table = (
         pd.concat(tables, ignore_index=True)
@@ -38,13 +38,26 @@ def gather_slide_features(slide_ids: Iterable[str], slides: Path, path: Path) ->
 SLIDE_PREDICTION = "slide_prediction.tsv"
 
 
-def gather_slide_predictions(slide_ids: Iterable[str], slides: Path, path: Path) -> int:
-    """Write results/slide_predictions.tsv: the slide predictions of `slide_ids` that have
-    one, a row per slide and method; returns how many slides it holds."""
+def _folders(done: pd.DataFrame, slides: Path) -> list[tuple[str, Path, str]]:
+    """(slide id, folder of what its model decides, model key or '') of each cohort row."""
+    keys = done["model"] if "model" in done else [""] * len(done)
+    return [(s, slides / s / key, key) for s, key in zip(done["slide_id"], keys, strict=True)]
+
+
+def _with_key(table: pd.DataFrame, key: str) -> pd.DataFrame:
+    if not key:
+        return table
+    return table.assign(model_key=key)[["slide_id", "model_key", *table.columns[1:]]]
+
+
+def gather_slide_predictions(done: pd.DataFrame, slides: Path, path: Path) -> int:
+    """Write results/slide_predictions.tsv: the slide predictions of the `done` slides
+    (cohort rows) that have one, a row per slide and method; returns how many slides it
+    holds."""
     tables = [
-        pd.read_csv(slides / slide_id / SLIDE_PREDICTION, sep="\t").assign(slide_id=slide_id)
-        for slide_id in slide_ids
-        if (slides / slide_id / SLIDE_PREDICTION).is_file()
+        pd.read_csv(folder / SLIDE_PREDICTION, sep="\t").assign(slide_id=slide_id)
+        for slide_id, folder, _ in _folders(done, slides)
+        if (folder / SLIDE_PREDICTION).is_file()
     ]
     if not tables:
         return 0

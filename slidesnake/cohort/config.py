@@ -56,7 +56,10 @@ def _resolve(node: Schema | None, root: Schema) -> Schema:
 
 
 def _child(node: Schema | None, root: Schema, key: str) -> Schema | None:
-    return _resolve(node, root).get("properties", {}).get(key)
+    node = _resolve(node, root)
+    child = node.get("properties", {}).get(key)
+    extra = node.get("additionalProperties")
+    return child if child is not None or not isinstance(extra, dict) else extra
 
 
 def _items(node: Schema | None, root: Schema) -> Schema | None:
@@ -78,12 +81,21 @@ def _types(node: Schema | None, root: Schema) -> set[str]:
 
 
 def with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """`config` over `defaults`, section by section (a section is one level of keys)."""
+    """`config` over `defaults`, section by section (a section is one level of keys); each
+    entry of `models:` over the default `model:` section (not the run's: a checkpoint set
+    for one model must not become another's)."""
     merged = dict(defaults)
     for key, value in config.items():
         default = defaults.get(key)
         both_sections = isinstance(value, dict) and isinstance(default, dict)
         merged[key] = {**default, **value} if both_sections else value
+    models = merged.get("models")
+    if isinstance(models, dict):
+        model = defaults["model"]
+        merged["models"] = {
+            key: {**model, **entry} if isinstance(entry, dict) else entry
+            for key, entry in models.items()
+        }
     return merged
 
 
@@ -153,10 +165,13 @@ CONFIG_FILES = (
 def check_config_files(config: dict[str, Any]) -> None:
     """Before any job: every file the config names is a regular file of a size its kind
     can have (a FIFO would block every job, /dev/zero be read until memory runs out)."""
+    models = {f"models.{key}": entry for key, entry in (config.get("models") or {}).items()}
+    named = [(section, key, config[section], max_bytes) for section, key, max_bytes in CONFIG_FILES]
+    named += [(name, "checkpoint", entry, None) for name, entry in models.items()]
     problems = []
-    for section, key, max_bytes in CONFIG_FILES:
-        path = config[section][key]
-        if section == "model" and (config["model"]["backend"] == "remote" or not path):
+    for section, key, values, max_bytes in named:
+        path = values[key]
+        if section.startswith("model") and (values["backend"] == "remote" or not path):
             continue  # the server's business, or the model's hub id
         if not path or str(path).startswith("hf-hub:"):
             continue

@@ -17,7 +17,12 @@ TILING = ("slidesnake.tiling.stages", "slidesnake.tiling.regions")
 AGGREGATE = ("slidesnake.aggregate.slide_table", "slidesnake.aggregate.embedding_map")
 # The local backend's imports: torch, timm, and torch.export's deserialiser (1.7 s of a
 # custom .pt2 program's load is importing it); the remote backend's lack torch.
-LOCAL_EMBEDDING = ("slidesnake.embed.loop", "timm", "torch._export.serde.serialize")
+LOCAL_EMBEDDING = (
+    "slidesnake.embed.loop",
+    "slidesnake.embed.model_list",
+    "timm",
+    "torch._export.serde.serialize",
+)
 REMOTE_EMBEDDING = ("slidesnake.remote.loop",)
 _warmed: set[str] = set()
 
@@ -103,9 +108,15 @@ def embed_tiles(job: Any) -> None:
     """Claim a GPU and embed the slide's tiles or, with the remote backend, send them to
     the inference server."""
     from slidesnake.embed.gpu_slots import claim_gpu
-    from slidesnake.embed.settings import EmbedSettings
+    from slidesnake.embed.settings import EmbedSettings, model_configs
 
     def embed() -> None:
+        models = model_configs(job.config)
+        if models:
+            gpu = job.config["gpu"]
+            claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
+            _embed_models(job, models)
+            return
         settings = EmbedSettings.from_config(job.config)
         outputs = dict(
             slide_path=job.params.slide,
@@ -129,6 +140,26 @@ def embed_tiles(job: Any) -> None:
         embed_slide(**outputs)
 
     run_job(embed, log_path=job.log[0], slide_id=job.wildcards.slide_id)
+
+
+def _embed_models(job: Any, models: dict[str, dict[str, Any]]) -> None:
+    """One read of the slide for every model of `models:` (in config order, as the rule
+    lists their outputs) whose outputs are not current."""
+    from pathlib import Path
+
+    from slidesnake.cohort.rule_params import embedding_params
+    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.embed.settings import EmbedSettings
+
+    paths = zip(models, job.output.zarr, job.output.metrics, strict=True)
+    embed_slide_models(
+        slide_path=job.params.slide,
+        slide_id=job.wildcards.slide_id,
+        tiles_path=job.input.tiles,
+        outputs={key: ModelOutputs(Path(zarr), Path(metrics)) for key, zarr, metrics in paths},
+        settings={key: EmbedSettings.from_config(config) for key, config in models.items()},
+        params={key: embedding_params(config) for key, config in models.items()},
+    )
 
 
 def pool_slide(job: Any) -> None:

@@ -10,10 +10,13 @@ Snakemake alone: a job reads all its settings from the config.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
+from slidesnake.atomic import atomic_output
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.side_files import file_digest
 from slidesnake.tiling.artefacts import ArtefactParams
@@ -31,6 +34,8 @@ EMBEDDING_FIELDS = (
     "batch_size",
     "output_dtype",
 )
+# What a model takes from each tile, where it does not take the whole tile as it is.
+INPUT_FIELDS = ("input_size", "input_mpp")
 # What the remote backend leaves to the server.
 SERVER_FIELDS = ("weights", "checkpoint", "precision")
 
@@ -59,6 +64,8 @@ def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:
     settings = EmbedSettings.from_config(config)
     canonical = _canonical(settings)
     params = {name: canonical[name] for name in EMBEDDING_FIELDS}
+    # Only when set: a config that sets neither keeps the params it always had.
+    params |= {name: canonical[name] for name in INPUT_FIELDS if canonical[name] is not None}
     if settings.remote is not None:
         # The server's address is not a result; its model is. Its weights and precision
         # are the server's business: a job never reads them.
@@ -98,3 +105,20 @@ def head_params(config: Mapping[str, Any]) -> dict[str, Any]:
     if head["checkpoint"]:
         params["checkpoint_sha256"] = file_digest(head["checkpoint"])
     return params
+
+
+def write_model_cards(configs: Mapping[str, Mapping[str, Any]], folder: str | Path) -> None:
+    """`folder`/<key>.json: each model's embedding params, rewritten only when they change.
+
+    The folder is an input of the embedding jobs in place of params: a job's params and
+    inputs are the same whatever models the list holds, so removing a model re-runs
+    nothing, while a changed or added card makes the folder newer than the outputs and
+    the jobs run, each embedding only the models whose outputs are not current. Cards of
+    removed models stay: removing one would touch the folder."""
+    folder = Path(folder)
+    for key, config in configs.items():
+        card = folder / f"{key}.json"
+        text = json.dumps(embedding_params(config), indent=1, sort_keys=True) + "\n"
+        if not card.is_file() or card.read_text() != text:
+            with atomic_output(card) as tmp:
+                tmp.write_text(text)

@@ -37,32 +37,34 @@ COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_p
 
 
 def slide_status(
-    slide_id: str, results: Path, logs: Path, since: float | None = None
+    slide_id: str, results: Path, logs: Path, since: float | None = None, model: str = ""
 ) -> dict[str, object]:
-    """One row of the summary: 'done' with its metrics, 'failed' with why, or 'pending'.
+    """One row of the summary: 'done' with its metrics, 'failed' with why, or 'pending';
+    for one `model` key of `models:`, from that model's outputs and jobs.
 
     `since` is when this run started; without it, only the outputs on disk count."""
-    reason = failure_in_run(logs / slide_id, since) if since is not None else ""
+    row: dict[str, object] = {"slide_id": slide_id, **({"model": model} if model else {})}
+    reason = failure_in_run(logs / slide_id, since, model) if since is not None else ""
     if reason:
-        return {"slide_id": slide_id, "status": "failed", "reason": reason}
-    metrics_path = results / slide_id / "metrics.json"
-    if metrics_path.is_file() and (results / slide_id / "embeddings.zarr").is_dir():
+        return row | {"status": "failed", "reason": reason}
+    outputs = results / slide_id / model
+    metrics_path = outputs / "metrics.json"
+    if metrics_path.is_file() and (outputs / "embeddings.zarr").is_dir():
         metrics = json.loads(metrics_path.read_text())
+        metrics.pop("model", None)  # the model's name: the row's model is its key
         dropped = read_dropped(results / slide_id / "tiles.parquet")
         dropped = {f"dropped_{name}": count for name, count in dropped.items()}
-        return {"slide_id": slide_id, "status": "done", "reason": "", **metrics, **dropped}
-    return {"slide_id": slide_id, "status": "pending", "reason": ""}
+        return row | {"status": "done", "reason": "", **metrics, **dropped}
+    return row | {"status": "pending", "reason": ""}
 
 
-def failure_in_run(log_dir: Path, since: float) -> str:
-    """Why a job of this slide failed in the run started at `since`, or '' if none did."""
+def failure_in_run(log_dir: Path, since: float, model: str = "") -> str:
+    """Why a job of this slide (and of its `model`) failed in the run started at `since`,
+    or '' if none did."""
     # An empty log is a job that never started: Snakemake creates the logs of a SLURM
     # group's jobs up front, and stops the group at its first failure.
-    logs = [
-        log
-        for log in log_dir.glob("*.log")
-        if log.stat().st_mtime >= since and log.stat().st_size > 0
-    ]
+    found = [*log_dir.glob("*.log"), *((log_dir / model).glob("*.log") if model else [])]
+    logs = [log for log in found if log.stat().st_mtime >= since and log.stat().st_size > 0]
     for log in sorted(logs, key=lambda p: p.stat().st_mtime):
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if " ERROR " in line]
@@ -74,11 +76,22 @@ def failure_in_run(log_dir: Path, since: float) -> str:
 
 
 def cohort_table(
-    slide_ids: Iterable[str], results: str | Path, logs: str | Path, since: float | None = None
+    slide_ids: Iterable[str],
+    results: str | Path,
+    logs: str | Path,
+    since: float | None = None,
+    models: Iterable[str] = (),
 ) -> pd.DataFrame:
-    """One row per slide, in sheet order, with the COLUMNS."""
-    rows = [slide_status(slide_id, Path(results), Path(logs), since) for slide_id in slide_ids]
-    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    """One row per slide, in sheet order, with the COLUMNS; with `models` (the keys of
+    `models:`), one row per slide and model, with a model column."""
+    keys = list(models) or [""]
+    rows = [
+        slide_status(slide_id, Path(results), Path(logs), since, key)
+        for slide_id in slide_ids
+        for key in keys
+    ]
+    columns = [COLUMNS[0], "model", *COLUMNS[1:]] if models else COLUMNS
+    table = pd.DataFrame(rows).reindex(columns=columns)
     return table.astype(dict.fromkeys(["tiles", *DROPPED], "Int64"))
 
 
@@ -102,36 +115,46 @@ def write_cohort_summary(
     results: str | Path,
     logs: str | Path,
     since: float | None = None,
+    models: Iterable[str] = (),
+    head_model: str = "",
 ) -> pd.DataFrame:
     """Write the summary of the run started at `since` into `results`: cohort.tsv, the
     same table as cohort.html with links to each slide's pictures, the galleries of QC
     pictures and of embedding maps, and the slide features of the done slides. The files
-    describe exactly `slide_ids` (none included), and are replaced together."""
+    describe exactly `slide_ids` (none included), and are replaced together. With
+    `models` (keys), the tables have a row per slide and model; the pictures, the
+    projection and the predictions (of `head_model`) are of one model each."""
     results = Path(results)
-    slide_ids = list(slide_ids)
-    table = cohort_table(slide_ids, results / "slides", logs, since)
+    slide_ids, models = list(slide_ids), list(models)
+    table = cohort_table(slide_ids, results / "slides", logs, since, models)
     (results / COHORT_SLIDES).unlink(missing_ok=True)
     with output_set([results / name for name in COHORT_FILES]) as outputs:
-        _write_cohort_files(table, results, outputs)
+        _write_cohort_files(table, results, outputs, models, head_model)
     write_cohort_slides(slide_ids, results / COHORT_SLIDES)
     return table
 
 
-def _write_cohort_files(table: pd.DataFrame, results: Path, outputs: OutputSet) -> None:
+def _write_cohort_files(
+    table: pd.DataFrame, results: Path, outputs: OutputSet, models: list[str], head_model: str
+) -> None:
     slides = results / "slides"
     table.to_csv(outputs.path(results / "cohort.tsv"), sep="\t", index=False)
     outputs.path(results / "cohort.html").write_text(cohort_html(table, results))
-    write_gallery(table, slides, outputs.path(results / "cohort_gallery.jpg"))
-    done = table[table["status"] == "done"]
+    first = table[table["model"] == models[0]] if models else table
+    write_gallery(first, slides, outputs.path(results / "cohort_gallery.jpg"))
     maps = outputs.path(results / "embedding_maps.jpg")
-    write_gallery(done, slides, maps, (EMBEDDING_MAP,))
+    done = first[first["status"] == "done"]
+    write_gallery(done, slides, maps, (str(Path(models[0] if models else "", EMBEDDING_MAP)),))
     features = gather_slide_features(
-        done["slide_id"], slides, outputs.path(results / SLIDE_FEATURES)
+        table[table["status"] == "done"], slides, outputs.path(results / SLIDE_FEATURES)
     )
+    if models:
+        features = features[features["model_key"] == models[0]]
     draw_cohort_projection(features, outputs.path(results / "slide_features_pca.png"))
-    gather_slide_predictions(
-        done["slide_id"], slides, outputs.path(results / "slide_predictions.tsv")
-    )
+    heads = table[table["status"] == "done"]
+    if models:
+        heads = heads[heads["model"] == head_model]
+    gather_slide_predictions(heads, slides, outputs.path(results / "slide_predictions.tsv"))
 
 
 def write_cohort_slides(slide_ids: list[str], path: Path) -> None:
@@ -153,14 +176,19 @@ def failed_slides(summary: str | Path) -> set[str]:
 def cohort_html(table: pd.DataFrame, results: Path) -> str:
     """The table as a page that links each slide's QC pictures where they exist."""
     done = table[table["status"] == "done"]
+    rows = "slide-model pairs" if "model" in table else "slides"
     totals = (
-        f"{len(done)} of {len(table)} slides done, {int(done['tiles'].sum())} tiles in "
+        f"{len(done)} of {len(table)} {rows} done, {int(done['tiles'].sum())} tiles in "
         f"{done['wall_s'].sum():.1f} s of embedding"
     )
     unused = [column for column in DROPPED if table.get(column, pd.Series()).isna().all()]
     shown = table.drop(columns=unused, errors="ignore")
     shown = shown.map(lambda v: escape(str(v)) if isinstance(v, str) else v)
-    shown["pictures"] = [picture_links(results, slide_id) for slide_id in table["slide_id"]]
+    models = table["model"] if "model" in table else [""] * len(table)
+    shown["pictures"] = [
+        picture_links(results, slide_id, model)
+        for slide_id, model in zip(table["slide_id"], models, strict=True)
+    ]
     headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
     headers |= {"loader_wait_fraction": "loader wait", "dropped_pen": "dropped (pen)"}
     headers["dropped_focus"] = "dropped (focus)"
@@ -170,12 +198,14 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
     return _PAGE.format(totals=totals, table=rows)
 
 
-def picture_links(results: Path, slide_id: str) -> str:
-    """Links, relative to results/, to the slide's QC pictures that are on disk."""
+def picture_links(results: Path, slide_id: str, model: str = "") -> str:
+    """Links, relative to results/, to the slide's (and its model's) QC pictures that are
+    on disk."""
     names = {name: name[3:-4] for name in QC_PICTURES}
-    names |= {EMBEDDING_MAP: "embedding map", "heatmaps.png": "heatmaps"}
+    for name, label in ((EMBEDDING_MAP, "embedding map"), ("heatmaps.png", "heatmaps")):
+        names[f"{model}/{name}" if model else name] = label
     return " ".join(
-        f'<a href="slides/{quote(slide_id)}/{name}">{label}</a>'
+        f'<a href="slides/{quote(slide_id)}/{quote(name)}">{label}</a>'
         for name, label in names.items()
         if (results / "slides" / slide_id / name).is_file()
     )

@@ -15,6 +15,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.loader.batches import BatchStream, TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder
-from slidesnake.models.registry import model_spec
+from slidesnake.models.registry import model_input, model_spec
 from slidesnake.tiling.tile_table import read_tiles
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,11 @@ def embed_slide(
     The loader workers fork first and decode while the model loads, so a job's fixed
     cost is the longer of the two, not their sum."""
     clock = {"process": process_started(), "entered": time.perf_counter()}
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or slide_device()
     tiles, geometry = read_tiles(tiles_path)
     spec = model_spec(settings.model, settings.mean, settings.std)
+    size, mpp = settings.input_size, settings.input_mpp
+    wanted = model_input(spec, geometry.size, geometry.target_mpp, size, mpp)
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     dataset = TileBatches(
         slide_path, slide_id, coords, geometry, settings.batch_size, settings.block
@@ -59,14 +62,16 @@ def embed_slide(
     clock["loader"] = time.perf_counter()
     with dataset.stream(settings.workers, settings.prefetch) as batches:  # forks: before threads
         embedder = build_embedder(
-            spec, settings.weights, settings.checkpoint, geometry.size, device, settings.precision
+            spec, settings.weights, settings.checkpoint, wanted.size, device, settings.precision
         )
+        embedder.crop = wanted.crop
         digest = embedder.weights_digest()  # a thread: after the fork
         clock["model_ready"] = time.perf_counter()
         _log_start(slide_id, len(coords), embedder, settings, device)
         with atomic_output(zarr_path) as tmp:
             writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
-            timings = _run(embedder, batches, dataset.batch_shape, writer, settings, device)
+            run = ModelRun(embedder, writer, settings.output_dtype)
+            timings = run_models([run], batches, dataset.batch_shape, settings, device)
             startup = _startup(clock, timings, embedder)
             timings |= startup
             attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
@@ -90,6 +95,15 @@ def embed_slide(
         metrics["job_s"],
     )
     return metrics
+
+
+def slide_device() -> torch.device:
+    """The job's device: its GPU (the one it claimed) where there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _log_start(slide_id: str, tiles: int, embedder: Embedder, settings, device) -> None:
@@ -122,25 +136,56 @@ def _startup(clock: dict[str, float], timings: dict[str, float], embedder: Embed
     }
 
 
-def _run(
-    embedder: Embedder,
+@dataclass
+class ModelRun:
+    """One model of a job: its embedder, the store it streams into, and the time it took
+    (on a GPU from events around its kernels, so that timing it never waits for it)."""
+
+    embedder: Embedder
+    writer: EmbeddingWriter
+    output_dtype: str
+    seconds: float = 0.0
+    _events: list = field(default_factory=list)
+
+    def embed(self, tiles: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The batch's features, their copy to the host started."""
+        if tiles.device.type != "cuda":
+            started = time.perf_counter()
+            copied = _to_host(self.embedder(tiles).to(_HOST_DTYPES[self.output_dtype]))
+            self.seconds += time.perf_counter() - started
+            return copied
+        events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        events[0].record()
+        copied = _to_host(self.embedder(tiles).to(_HOST_DTYPES[self.output_dtype]))
+        events[1].record()
+        self._events.append(events)
+        return copied
+
+    def model_s(self) -> float:
+        """Seconds of model time so far (call after the loop: it waits for the GPU)."""
+        return self.seconds + sum(a.elapsed_time(b) for a, b in self._events) / 1000
+
+
+def run_models(
+    runs: list[ModelRun],
     batches: BatchStream,
     batch_shape: tuple[int, ...],
-    writer: EmbeddingWriter,
     settings: EmbedSettings,
     device: torch.device,
 ) -> dict[str, float]:
-    """The hot loop, from the model ready to the last feature handed to the writer.
-    Returns its wall time, the time it waited for data, when the first batch reached the
-    model, and how many compressed slide tiles the workers decoded."""
+    """The hot loop, from the models ready to the last feature handed to the writers: each
+    batch goes to the device once and through every model. Returns its wall time, the
+    time it waited for data, when the first batch reached the models, and how many
+    compressed slide tiles the workers decoded."""
     started = time.perf_counter()
     staging = _PinnedStaging(device, batch_shape) if device.type == "cuda" else None
-    progress = Progress(writer.rows, settings.progress_s, settings.watchdog_s)
-    results: queue.Queue = queue.Queue(maxsize=8)
-    drain = _Drain(results, writer)
+    progress = Progress(runs[0].writer.rows, settings.progress_s, settings.watchdog_s)
+    results: queue.Queue = queue.Queue(maxsize=8 * len(runs))
+    drain = _Drain(results, [run.writer for run in runs])
     drain.start()
     waited, first_batch_at = 0.0, None
-    in_flight = None  # the previous batch, whose copy to the host may still be running
+    # Each model's previous batch, whose copy to the host may still be running.
+    in_flight: list[tuple | None] = [None] * len(runs)
     with progress:
         try:
             while True:
@@ -156,15 +201,16 @@ def _run(
                 progress.state("running the model")
                 if staging is not None:
                     tiles = staging.to_device(tiles)
-                features = embedder(tiles).to(_HOST_DTYPES[settings.output_dtype])
-                copied = _to_host(features)
-                if in_flight is not None:
-                    _hand_over(in_flight, results, progress)
-                in_flight = (rows, copied)
-            if in_flight is not None:
-                _hand_over(in_flight, results, progress)
+                for index, run in enumerate(runs):
+                    copied = run.embed(tiles)
+                    if in_flight[index] is not None:
+                        _hand_over(index, in_flight[index], results, progress)
+                    in_flight[index] = (rows, copied)
+            for index, batch in enumerate(in_flight):
+                if batch is not None:
+                    _hand_over(index, batch, results, progress)
         finally:
-            # Also on an error or SIGTERM: no write may land in the store after its temporary
+            # Also on an error or SIGTERM: no write may land in a store after its temporary
             # is removed, so the writer stops before this function is left.
             drain.finish(abandon=sys.exc_info()[0] is not None)
     if drain.error is not None:
@@ -214,20 +260,23 @@ def _to_host(features: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | N
     return host, done
 
 
-def _hand_over(batch, results: queue.Queue, progress: Progress) -> None:
+def _hand_over(index: int, batch, results: queue.Queue, progress: Progress) -> None:
+    """Model `index`'s batch to the writer, once its copy to the host is done; progress
+    counts the first model's tiles (every model gets every tile)."""
     rows, (features, done) = batch
     if done is not None:
         done.synchronize()
-    results.put((rows, features.numpy()))
-    progress.advance(len(rows))
+    results.put((index, rows, features.numpy()))
+    if index == 0:
+        progress.advance(len(rows))
 
 
 class _Drain(threading.Thread):
     """Writer thread: zarr writes happen here, off the hot loop."""
 
-    def __init__(self, results: queue.Queue, writer: EmbeddingWriter) -> None:
+    def __init__(self, results: queue.Queue, writers: list[EmbeddingWriter]) -> None:
         super().__init__(name="zarr-writer", daemon=True)
-        self.results, self.writer = results, writer
+        self.results, self.writers = results, writers
         self.error: Exception | None = None
         self.abandoned = False
 
@@ -240,8 +289,9 @@ class _Drain(threading.Thread):
     def run(self) -> None:
         while (item := self.results.get()) is not None:
             if self.error is None and not self.abandoned:
+                index, rows, features = item
                 try:
-                    self.writer.put(*item)
+                    self.writers[index].put(rows, features)
                 except Exception as err:  # re-raised by the main thread after the loop
                     self.error = err
 
@@ -274,7 +324,7 @@ def _metrics(
         **{key: round(seconds, 3) for key, seconds in startup.items()},
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "device_name": device_name(device),
         "precision": str(embedder.dtype).removeprefix("torch."),
         "batch_size": settings.batch_size,
         "loader_workers": settings.workers,

@@ -44,6 +44,8 @@ class EmbedSettings:
     std: tuple[float, float, float] | None = None
     precision: str = "fp16"
     batch_size: int = 64
+    input_size: int | None = None  # px the model takes; None: its own, else the tile's
+    input_mpp: float | None = None  # µm/px it sees; None: its own, else the tile's
     workers: int = 4
     prefetch: int = 2
     block: int = 4
@@ -69,6 +71,12 @@ class EmbedSettings:
             remote = RemoteSettings(**remote)
             settings |= {"remote": remote, "batch_size": remote.batch_size}
         return cls(**settings)
+
+
+def model_configs(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each model of `models:` as a config of its own, its entry in place of `model:`, in
+    the order the config lists them; none for a config with one `model:`."""
+    return {key: {**config, "model": entry} for key, entry in (config.get("models") or {}).items()}
 
 
 # `make demo` and `slidesnake bench`: a small ViT that a CPU runs at ~20 tiles/s.

@@ -51,6 +51,7 @@ class Embedder:
     dim: int
     weights_path: Path | None
     load_s: dict[str, float] = field(default_factory=dict)  # build, weights, device, width
+    crop: float = 1.0  # the centre of each tile it takes, as a fraction of the tile's side
 
     @torch.inference_mode()
     def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
@@ -62,6 +63,8 @@ class Embedder:
     def preprocess(self, tiles: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, 3) -> normalised (B, 3, S, S) in the model's dtype."""
         x = tiles.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # channels-last
+        if self.crop < 1.0:
+            x = centre(x, self.crop)
         resize = x.shape[-1] != self.input_size or x.shape[-2] != self.input_size
         if self.device.type == "cpu":
             if resize:
@@ -96,6 +99,16 @@ class Embedder:
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def centre(x: torch.Tensor, field: float) -> torch.Tensor:
+    """The centre `field` of (B, 3, h, w) tiles' sides, a view: the part a model that sees
+    less than the tile takes (the same pixels a read of just that part would give, when
+    the offset is a whole number of pixels)."""
+    height, width = x.shape[-2:]
+    side_y, side_x = round(height * field), round(width * field)
+    top, left = (height - side_y) // 2, (width - side_x) // 2
+    return x[..., top : top + side_y, left : left + side_x]
 
 
 def resize_tiles(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ any job starts. Constants come from the models' cards; weights are never bundled
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -109,8 +110,52 @@ def _with_normalisation(spec: ModelSpec, mean, std) -> ModelSpec:
     )
 
 
+@dataclass(frozen=True)
+class ModelInput:
+    """What a model takes from each tile: the centre `crop` of the tile's side (1.0: the
+    whole tile), resized to `size` px, which is then `mpp` µm/px. Several models share one
+    read of each tile this way: tiles.* reads the finest µm/px and the largest field of
+    view the models need, and each model cuts and resizes its own input from it."""
+
+    size: int
+    mpp: float
+    crop: float
+
+
+def model_input(
+    spec: ModelSpec,
+    tile_size: int,
+    tile_mpp: float,
+    input_size: int | None = None,
+    input_mpp: float | None = None,
+    label: str = "model",
+) -> ModelInput:
+    """The input of `spec` from tiles of `tile_size` px at `tile_mpp`: the registry's size
+    and µm/px, or `input_size`/`input_mpp`, or the whole tile. ConfigError, naming the
+    tiles.* setting to change, when the tiles are too coarse or too small for it."""
+    for given, fixed, what in ((input_size, spec.input_size, "px"), (input_mpp, spec.mpp, "µm/px")):
+        if given is not None and fixed is not None and abs(given - fixed) > 0.02 * fixed:
+            raise ConfigError(f"{label} '{spec.name}' takes {fixed} {what}, not {given}")
+    size = input_size or spec.input_size or tile_size
+    mpp = input_mpp or spec.mpp or tile_size * tile_mpp / size
+    crop = size * mpp / (tile_size * tile_mpp)
+    if mpp < 0.98 * tile_mpp:
+        raise ConfigError(
+            f"{label} '{spec.name}' needs {mpp} µm/px but tiles.mpp is {tile_mpp}; set "
+            f"tiles.mpp: {mpp} (the finest µm/px the models need) and tiles.size to match"
+        )
+    if crop > 1.001:
+        raise ConfigError(
+            f"{label} '{spec.name}' sees {size * mpp:g} µm ({size} px at {mpp} µm/px) but "
+            f"tiles are {tile_size * tile_mpp:g} µm; set tiles.size: "
+            f"{math.ceil(size * mpp / tile_mpp)} (the largest field of view the models need)"
+        )
+    return ModelInput(size, mpp, min(crop, 1.0))
+
+
 def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
-    """Raise ConfigError when tiles.* would feed the model inputs it was not made for."""
+    """Raise ConfigError when tiles.* would feed a single `model:` inputs it was not made
+    for: it reads its tiles alone, so they are its input exactly."""
     if spec.input_size is not None and spec.input_size != tile_size:
         raise ConfigError(
             f"model '{spec.name}' takes {spec.input_size} px tiles but tiles.size is "
@@ -124,14 +169,28 @@ def check_tiles_fit(spec: ModelSpec, tile_size: int, tile_mpp: float) -> None:
 
 
 def check_model_config(
-    model: dict[str, Any], tiles: dict[str, Any], remote: dict[str, Any] | None = None
+    model: dict[str, Any],
+    tiles: dict[str, Any],
+    remote: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> None:
-    """Config errors of model.* found before any job runs: unknown model, wrong tiles, no
-    weights file, or no server for the remote backend (whose weights are the server's)."""
+    """Config errors of model.* (or of models.`key`) found before any job runs: unknown
+    model, wrong tiles, no weights file, or no server for the remote backend (whose
+    weights are the server's)."""
     spec = model_spec(model["name"], model.get("mean"), model.get("std"))
-    check_tiles_fit(spec, tiles["size"], tiles["mpp"])
+    size, mpp = model.get("input_size"), model.get("input_mpp")
+    if key is None and size is None and mpp is None:
+        check_tiles_fit(spec, tiles["size"], tiles["mpp"])
+    else:
+        label = "model" if key is None else f"models.{key}"
+        model_input(spec, tiles["size"], tiles["mpp"], size, mpp, label)
+    if model.get("backend", "local") == "remote" and key is not None:
+        raise ConfigError(
+            f"models.{key}: the remote backend serves one model per run; give it a run of "
+            "its own with model: (backend: remote), or run the model locally here"
+        )
     if model.get("backend", "local") == "remote":
-        missing = [f"remote.{key}" for key in ("url", "model") if not (remote or {}).get(key)]
+        missing = [f"remote.{name}" for name in ("url", "model") if not (remote or {}).get(name)]
         if missing:
             raise ConfigError(f"model.backend remote needs {' and '.join(missing)}")
         return

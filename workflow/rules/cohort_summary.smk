@@ -15,10 +15,17 @@ def summarize_cohort():
     """results/cohort.tsv, cohort.html and cohort_gallery.jpg after every run, whether
     slides failed or not: what happened in this run, from the logs of its jobs, and what
     is on disk for the others."""
-    table = write_cohort_summary(samples.index, "results", "logs/slides", RUN_STARTED)
+    table = write_cohort_summary(
+        samples.index,
+        "results",
+        "logs/slides",
+        RUN_STARTED,
+        models=MODELS,
+        head_model=config["head"]["model"] or "",
+    )
     counts = table["status"].value_counts()
     logger.info(
-        "cohort: "
+        f"cohort{' (slides x models)' if MODELS else ''}: "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "pending"))
         + " (results/cohort.tsv)"
     )

@@ -22,6 +22,7 @@ from slidesnake.cohort.rule_params import (
     slide_params,
     tile_params,
     tissue_params,
+    write_model_cards,
 )
 from slidesnake.cohort.samples import (
     SLIDE_ID_WILDCARD,
@@ -36,12 +37,36 @@ from slidesnake.cohort.summary import (
 from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.errors import SlidesnakeError
 from slidesnake.side_files import file_digest
+from slidesnake.embed.settings import model_configs
+from slidesnake.errors import ConfigError
 from slidesnake.models.registry import check_model_config, model_spec
 
 
 def load_yaml(path):
     with open(path) as f:
         return yaml.safe_load(f)
+
+
+def check_models_config(config):
+    """model.*, or each entry of models:, against the tiles, before any job."""
+    models = model_configs(config)
+    for key, model in models.items():
+        check_model_config(model["model"], config["tiles"], config["remote"], key)
+    if not models:
+        check_model_config(config["model"], config["tiles"], config["remote"])
+
+
+def head_model(config):
+    """The model section whose embeddings the head reads: head.model's entry of models:."""
+    key = config["head"]["model"]
+    if not config["models"]:
+        return config["model"]
+    if key not in config["models"]:
+        raise ConfigError(
+            f"head.model {key!r} is not a key of models: ({', '.join(config['models'])}); "
+            "set it to the key of the model the head was trained on"
+        )
+    return config["models"][key]
 
 
 def check_head_config(config):
@@ -52,12 +77,15 @@ def check_head_config(config):
     from slidesnake.aggregate.head import check_head_fits
     from slidesnake.models.embedder import embedding_width
 
-    model = config["model"]
+    model = head_model(config)
     spec = model_spec(model["name"], model["mean"], model["std"])
     local = model["backend"] == "local"
     width = embedding_width(spec, config["tiles"]["size"]) if local else None
     check_head_fits(config["head"], width)
 
+
+# What decides each model's embeddings, a file per model key (see write_model_cards).
+MODEL_CARDS = "results/models"
 
 try:
     defaults = load_yaml(workflow.source_path("../../config/config.yaml"))
@@ -70,8 +98,9 @@ try:
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:
         check_config_files(config)
-        check_model_config(config["model"], config["tiles"], config["remote"])
+        check_models_config(config)
         check_head_config(config)
+        write_model_cards(model_configs(config), MODEL_CARDS)
     samples = read_sample_sheet(config["samples"])
 except SlidesnakeError as err:
     raise WorkflowError(str(err)) from None
@@ -79,10 +108,73 @@ validate(samples, "../schemas/samples.schema.yaml")
 for warning in sheet_warnings(samples):
     logger.warning(f"sample sheet: {warning}")
 REMOTE_BACKEND = config["model"]["backend"] == "remote"
+MODELS = model_configs(config)
+# With several models, what a model decides lives in a folder per model key; with one
+# model: it lives in the slide's folder, as it always has.
+MODEL_DIR = "{model_key}/" if MODELS else ""
 
 
 wildcard_constraints:
     slide_id=SLIDE_ID_WILDCARD,
+    model_key="[A-Za-z0-9][A-Za-z0-9_-]*",
+
+
+def model_output(name, key="{model_key}"):
+    """The path of a per-slide output that a model decides."""
+    if MODELS:
+        return f"results/slides/{{slide_id}}/{key}/{name}"
+    return f"results/slides/{{slide_id}}/{name}"
+
+
+def model_log(rule):
+    return f"logs/slides/{{slide_id}}/{MODEL_DIR}{rule}.log"
+
+
+def embedding_outputs():
+    """The embedding job's outputs: the store and metrics of each model. With several
+    models they are flagged `update`: Snakemake then leaves in place (and restores, if
+    the job fails) the outputs of the models the job finds current and does not redo."""
+    if not MODELS:
+        return {
+            "zarr": directory(model_output("embeddings.zarr")),
+            "metrics": model_output("metrics.json"),
+        }
+    return {
+        "zarr": [update(directory(model_output("embeddings.zarr", k))) for k in MODELS],
+        "metrics": [update(model_output("metrics.json", k)) for k in MODELS],
+    }
+
+
+def embedding_inputs():
+    """With several models, the model cards: a changed or added card re-runs the jobs."""
+    return {"models": MODEL_CARDS} if MODELS else {}
+
+
+def embeddings_input():
+    """A model's store as the input of the rules after it. With several models, `ancient`:
+    an embedding job that leaves a model's store as it was touches it all the same, and
+    that model's pooling must not re-run for it; a changed model re-runs its own through
+    the params (model_embedding)."""
+    path = model_output("embeddings.zarr")
+    return ancient(path) if MODELS else path
+
+
+def embedding_job_params():
+    """What decides the embeddings, for one model:. With several models, the model cards
+    (an input) say it, and the job skips the models whose outputs are current."""
+    return {} if MODELS else {"embedding": embedding_params(config)}
+
+
+EMBEDDING_PARAMS = {key: embedding_params(model) for key, model in MODELS.items()}
+
+
+def model_embedding(wildcards):
+    return EMBEDDING_PARAMS[wildcards.model_key]
+
+
+def model_params():
+    """What else decides a per-model output with several models: the model's params."""
+    return {"embedding": model_embedding} if MODELS else {}
 
 
 def cohort_targets():
@@ -90,17 +182,20 @@ def cohort_targets():
     slides/, so that no slide id can name a cohort output (results/cohort.tsv) or log.
     """
     names = [
-        "qc_tiles.png",
         "embeddings.zarr",
         "metrics.json",
         "slide_features.parquet",
         "embedding_map.png",
     ]
+    heads = ["predictions.parquet", "slide_prediction.tsv", "heatmaps.png"]
+    per_model = [(key, name) for key in MODELS or [""] for name in names]
     if config["head"]["checkpoint"]:
-        names += ["predictions.parquet", "slide_prediction.tsv", "heatmaps.png"]
-    targets = expand(
-        "results/slides/{slide_id}/{name}", slide_id=samples.index, name=names
-    )
+        per_model += [(config["head"]["model"] or "", name) for name in heads]
+    paths = ["results/slides/{slide_id}/qc_tiles.png"]
+    paths += [model_output(name, key) for key, name in per_model]
+    targets = [
+        path.format(slide_id=slide_id) for slide_id in samples.index for path in paths
+    ]
     return [*targets, f"results/{COHORT_SLIDES}"]
 
 

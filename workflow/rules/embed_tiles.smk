@@ -1,10 +1,10 @@
 rule embed_tiles:
     input:
+        **embedding_inputs(),
         slide=slide_input,
         tiles="results/slides/{slide_id}/tiles.parquet",
     output:
-        zarr=directory("results/slides/{slide_id}/embeddings.zarr"),
-        metrics="results/slides/{slide_id}/metrics.json",
+        **embedding_outputs(),
     log:
         "logs/slides/{slide_id}/embed_tiles.log",
     conda:
@@ -17,7 +17,7 @@ rule embed_tiles:
         endpoint=1 if REMOTE_BACKEND else 0,
         mem_mb=8000,
     params:
+        **embedding_job_params(),
         slide=slide_file,
-        embedding=embedding_params(config),
     script:
         "../../scripts/embed_tiles.py"

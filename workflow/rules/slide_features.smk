@@ -1,12 +1,12 @@
 rule pool_slide:
     input:
-        zarr="results/slides/{slide_id}/embeddings.zarr",
+        zarr=embeddings_input(),
         tiles="results/slides/{slide_id}/tiles.parquet",
         encoder=slide_encoder_input,
     output:
-        "results/slides/{slide_id}/slide_features.parquet",
+        model_output("slide_features.parquet"),
     log:
-        "logs/slides/{slide_id}/pool_slide.log",
+        model_log("pool_slide"),
     group:
         slide_features_group
     conda:
@@ -15,6 +15,7 @@ rule pool_slide:
         mem_mb=2000,
         cpu_stage=1,
     params:
+        **model_params(),
         slide=slide_params(config),
     script:
         "../../scripts/pool_slide.py"
@@ -22,38 +23,14 @@ rule pool_slide:
 
 rule draw_embedding_map:
     input:
-        zarr="results/slides/{slide_id}/embeddings.zarr",
+        zarr=embeddings_input(),
         tiles="results/slides/{slide_id}/tiles.parquet",
         mask="results/slides/{slide_id}/tissue_mask.png",
         thumbnail="results/slides/{slide_id}/qc_mask.png",
     output:
-        "results/slides/{slide_id}/embedding_map.png",
+        model_output("embedding_map.png"),
     log:
-        "logs/slides/{slide_id}/draw_embedding_map.log",
-    group:
-        slide_features_group
-    conda:
-        "../../envs/slidesnake.yaml"
-    resources:
-        mem_mb=2000,
-        cpu_stage=1,
-    script:
-        "../../scripts/draw_embedding_map.py"
-
-
-rule predict_tiles:
-    input:
-        zarr="results/slides/{slide_id}/embeddings.zarr",
-        tiles="results/slides/{slide_id}/tiles.parquet",
-        mask="results/slides/{slide_id}/tissue_mask.png",
-        thumbnail="results/slides/{slide_id}/qc_mask.png",
-        head=head_input,
-    output:
-        tiles="results/slides/{slide_id}/predictions.parquet",
-        slide="results/slides/{slide_id}/slide_prediction.tsv",
-        heatmaps="results/slides/{slide_id}/heatmaps.png",
-    log:
-        "logs/slides/{slide_id}/predict_tiles.log",
+        model_log("draw_embedding_map"),
     group:
         slide_features_group
     conda:
@@ -62,6 +39,33 @@ rule predict_tiles:
         mem_mb=2000,
         cpu_stage=1,
     params:
+        **model_params(),
+    script:
+        "../../scripts/draw_embedding_map.py"
+
+
+rule predict_tiles:
+    input:
+        zarr=embeddings_input(),
+        tiles="results/slides/{slide_id}/tiles.parquet",
+        mask="results/slides/{slide_id}/tissue_mask.png",
+        thumbnail="results/slides/{slide_id}/qc_mask.png",
+        head=head_input,
+    output:
+        tiles=model_output("predictions.parquet"),
+        slide=model_output("slide_prediction.tsv"),
+        heatmaps=model_output("heatmaps.png"),
+    log:
+        model_log("predict_tiles"),
+    group:
+        slide_features_group
+    conda:
+        "../../envs/slidesnake.yaml"
+    resources:
+        mem_mb=2000,
+        cpu_stage=1,
+    params:
+        **model_params(),
         head=head_params(config),
     script:
         "../../scripts/predict_tiles.py"

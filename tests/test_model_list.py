@@ -1,0 +1,179 @@
+"""Several models from one read: each model's embeddings equal a run of that model alone,
+each tile is decoded once, and a job embeds only the models whose outputs are not current.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ChannelGrid
+
+from slidesnake import load_embeddings
+from slidesnake.cohort.rule_params import embedding_params
+from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.model_list import (
+    ModelOutputs,
+    check_memory,
+    embed_slide_models,
+    weights_bytes,
+)
+from slidesnake.embed.settings import EmbedSettings
+from slidesnake.errors import ConfigError, ModelError
+from slidesnake.models.registry import model_input, model_spec
+from slidesnake.tiling.grid import TileParams
+from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
+from slidesnake.tiling.tile_table import read_tiles, write_tiles
+from slidesnake.tiling.tissue import TissueParams
+
+LOADER = {"workers": 1, "batch_size": 16, "precision": "fp32", "output_dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def grid_program(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("model") / "channel_grid.pt"
+    torch.jit.save(torch.jit.script(ChannelGrid()), str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiled(rect_slide, tmp_path_factory) -> Path:
+    """The rect slide's tile table: 224 px tiles at 0.5 µm/px, read at 0.25 µm/px."""
+    out = tmp_path_factory.mktemp("tiled")
+    make_tissue_mask(rect_slide, "rect", out / "mask.png", out / "qc_mask.png", TissueParams())
+    make_tile_coords(
+        rect_slide, "rect", out / "mask.png", out / "qc_mask.png", out / "tiles.parquet",
+        out / "qc_tiles.png", TileParams(),
+    )  # fmt: skip
+    return out / "tiles.parquet"
+
+
+def two_models(grid_program: str) -> dict[str, EmbedSettings]:
+    """A 48-wide model that sees the whole tile at 112 px (1.0 µm/px: a resize), and a
+    64-wide ViT that sees its centre at 112 px (0.5 µm/px: a crop)."""
+    return {
+        "grid": EmbedSettings(model="custom", checkpoint=grid_program, input_size=112, **LOADER),
+        "vit": EmbedSettings(
+            model="timm:test_vit", weights="random", input_size=112, input_mpp=0.5, **LOADER
+        ),
+    }
+
+
+def params(settings: dict[str, EmbedSettings]) -> dict[str, dict]:
+    return {key: embedding_params(config(s)) for key, s in settings.items()}
+
+
+def config(settings: EmbedSettings) -> dict:
+    """The config sections that give `settings`."""
+    model = {
+        "name": settings.model, "weights": settings.weights, "checkpoint": settings.checkpoint,
+        "mean": settings.mean, "std": settings.std, "precision": settings.precision,
+        "batch_size": settings.batch_size, "input_size": settings.input_size,
+        "input_mpp": settings.input_mpp,
+    }  # fmt: skip
+    return {"model": model, "output": {"dtype": settings.output_dtype}}
+
+
+def outputs(folder: Path, keys) -> dict[str, ModelOutputs]:
+    return {k: ModelOutputs(folder / k / "e.zarr", folder / k / "metrics.json") for k in keys}
+
+
+def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
+    rect_slide, tiled, grid_program, tmp_path
+):
+    models = two_models(grid_program)
+    out = outputs(tmp_path / "both", models)
+    metrics = embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+    assert set(metrics) == {"grid", "vit"}
+
+    # The whole-tile model: a run of its own over the same tiles.
+    alone = tmp_path / "grid_alone"
+    own = embed_slide(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", models["grid"])
+    grid, coords, attrs = load_embeddings(out["grid"].zarr)
+    expected, expected_coords, _ = load_embeddings(alone / "e.zarr")
+    assert grid.shape == (80, 48) and attrs["model_key"] == "grid"
+    np.testing.assert_array_equal(coords, expected_coords)
+    np.testing.assert_array_equal(grid, expected)
+
+    # The centre model: a run of its own over tiles of its size at the centres.
+    tiles, geometry = read_tiles(tiled)
+    offset = geometry.size_level0 // 4
+    centres = tiles.assign(x=tiles["x"] + offset, y=tiles["y"] + offset)
+    small = replace(geometry, size=112, size_level0=geometry.size_level0 // 2)
+    write_tiles(centres, small, tmp_path / "centres.parquet")
+    alone = tmp_path / "vit_alone"
+    vit_alone = replace(models["vit"], input_size=None, input_mpp=None)
+    embed_slide(rect_slide, "rect", tmp_path / "centres.parquet", alone / "e.zarr",
+                alone / "m.json", vit_alone)  # fmt: skip
+    vit, vit_coords, _ = load_embeddings(out["vit"].zarr)
+    expected, _, _ = load_embeddings(alone / "e.zarr")
+    assert vit.shape == (80, 64)
+    np.testing.assert_array_equal(vit_coords, coords)  # the tile's own corner, not the centre's
+    np.testing.assert_allclose(vit, expected, rtol=1e-5, atol=1e-5)
+
+    # One read: as many compressed tiles decoded for two models as for one.
+    decoded = {m["compressed_tiles_decoded"] for m in metrics.values()}
+    assert decoded == {own["compressed_tiles_decoded"]} and own["compressed_tiles_decoded"] > 0
+    for key, m in metrics.items():
+        assert m["model_key"] == key and m["models_in_job"] == ["grid", "vit"]
+        assert 0 < m["model_s"] <= m["wall_s"] and m["tiles"] == 80
+        assert json.loads(out[key].metrics.read_text()) == m
+
+
+def test_a_job_embeds_only_the_models_whose_outputs_are_not_current(
+    rect_slide, tiled, grid_program, tmp_path
+):
+    models = two_models(grid_program)
+    out = outputs(tmp_path, [*models, "third"])
+    embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+    stamps = {key: out[key].metrics.stat().st_mtime_ns for key in models}
+    grid_features = load_embeddings(out["grid"].zarr)[0]
+
+    # Unchanged: nothing is embedded again.
+    assert embed_slide_models(rect_slide, "rect", tiled, out, models, params(models)) == {}
+
+    # A third model: only it.
+    three = models | {"third": replace(models["grid"], input_size=56)}
+    metrics = embed_slide_models(rect_slide, "rect", tiled, out, three, params(three))
+    assert list(metrics) == ["third"] and metrics["third"]["models_in_job"] == ["third"]
+    assert {key: out[key].metrics.stat().st_mtime_ns for key in models} == stamps
+    assert load_embeddings(out["third"].zarr)[0].shape == (80, 48)
+
+    # One model's settings changed: only that model.
+    changed = three | {"grid": replace(models["grid"], mean=(0.5, 0.5, 0.5))}
+    metrics = embed_slide_models(rect_slide, "rect", tiled, out, changed, params(changed))
+    assert list(metrics) == ["grid"]
+    assert not np.array_equal(load_embeddings(out["grid"].zarr)[0], grid_features)
+    assert out["vit"].metrics.stat().st_mtime_ns == stamps["vit"]
+
+    # A half-written output (its metrics lost) is not current.
+    out["vit"].metrics.unlink()
+    metrics = embed_slide_models(rect_slide, "rect", tiled, out, changed, params(changed))
+    assert list(metrics) == ["vit"]
+
+
+def test_a_model_input_is_cut_and_resized_from_the_tile_or_refused_by_name():
+    hopt = model_spec("h-optimus-0")
+    centre = model_input(hopt, 448, 0.5)
+    assert (centre.size, centre.mpp, centre.crop) == (224, 0.5, 0.5)
+    whole = model_input(model_spec("timm:vit_small_patch16_224"), 448, 0.5, input_size=224)
+    assert (whole.size, whole.mpp, whole.crop) == (224, 1.0, 1.0)
+    with pytest.raises(ConfigError, match=r"models.a 'h-optimus-0' needs 0.5 µm/px.*mpp: 0.5"):
+        model_input(hopt, 224, 1.0, label="models.a")
+    with pytest.raises(ConfigError, match=r"sees 112 µm .*set tiles.size: 224"):
+        model_input(hopt, 112, 0.5)
+    with pytest.raises(ConfigError, match="takes 224 px, not 448"):
+        model_input(hopt, 448, 0.5, input_size=448)
+
+
+def test_models_that_do_not_fit_the_gpu_are_refused_with_a_split():
+    gib = 2**30
+    check_memory({"a": 3 * gib, "b": 3 * gib}, free=7 * gib, total=8 * gib)
+    with pytest.raises(ModelError, match=r"need about 9.0 GiB .*into runs of c, a \| b"):
+        check_memory({"a": 2 * gib, "b": 2 * gib, "c": 5 * gib}, free=7 * gib, total=7 * gib)
+    hopt = EmbedSettings(model="h-optimus-0", precision="fp16")
+    assert weights_bytes(model_spec("h-optimus-0"), hopt) == pytest.approx(2.27e9, rel=0.02)

@@ -4,13 +4,16 @@ each tile is decoded once, and a job embeds only the models whose outputs are no
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+import yaml
 from conftest import ChannelGrid
 
 from slidesnake import load_embeddings
@@ -177,3 +180,90 @@ def test_models_that_do_not_fit_the_gpu_are_refused_with_a_split():
         check_memory({"a": 2 * gib, "b": 2 * gib, "c": 5 * gib}, free=7 * gib, total=7 * gib)
     hopt = EmbedSettings(model="h-optimus-0", precision="fp16")
     assert weights_bytes(model_spec("h-optimus-0"), hopt) == pytest.approx(2.27e9, rel=0.02)
+
+
+def model_jobs(result, rule: str) -> list[str]:
+    """(slide id, model key) of the jobs of `rule` that Snakemake started."""
+    lines = result.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == f"localrule {rule}:"]
+    found = []
+    for i in starts:
+        line = next(line for line in lines[i:] if "wildcards: " in line)
+        wildcards = dict(part.split("=") for part in line.split("wildcards: ")[1].split(", "))
+        found.append(f"{wildcards['slide_id']}/{wildcards.get('model_key', '')}")
+    return sorted(found)
+
+
+def with_models(workflow, models: dict) -> None:
+    path = workflow.dir / "config" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["models"] = models
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.mark.workflow
+def test_a_single_model_config_records_the_params_it_always_did(workflow, rect_slide):
+    """Upgrading re-runs nothing: each output's rule and params, as Snakemake records them
+    (what its params trigger compares), are those recorded before `models:` existed."""
+    workflow.sheet([("rect", rect_slide)])
+    workflow.run()
+    recorded = {}
+    for path in (workflow.dir / ".snakemake" / "metadata").iterdir():
+        name = base64.b64decode(path.name.replace("@", "/")).decode()
+        metadata = json.loads(path.read_text())
+        params = [p.replace(str(rect_slide.parent), "{tmp}") for p in metadata["params"]]
+        params = ["{slide identity}" if "bytes, mtime" in p else p for p in params]
+        recorded[name] = {"rule": metadata["rule"], "params": params}
+    before = json.loads((Path(__file__).parent / "data" / "single_model_params.json").read_text())
+    assert recorded == before
+    assert not (workflow.dir / "results" / "models").exists()
+
+
+@pytest.mark.workflow
+def test_a_cohort_of_models_reruns_only_the_model_that_changed(workflow, rect_slide, grid_program):
+    workflow.sheet([("rect", rect_slide)])
+    vit = {"name": "timm:test_vit", "weights": "random", "precision": "fp32", "input_size": 112}
+    grid = {"name": "custom", "checkpoint": grid_program, "precision": "fp32"}
+    with_models(workflow, {"vit": vit, "grid": grid})
+    first = workflow.run()
+    assert model_jobs(first, "embed_tiles") == ["rect/"]
+    assert model_jobs(first, "pool_slide") == ["rect/grid", "rect/vit"]
+    for key, width in (("vit", 64), ("grid", 48)):
+        features, _, attrs = load_embeddings(workflow.result("rect", f"{key}/embeddings.zarr"))
+        assert features.shape == (80, width) and attrs["model_key"] == key
+    cohort = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t")
+    assert list(cohort["model"]) == ["vit", "grid"] and set(cohort["status"]) == {"done"}
+    assert (cohort["model_s"] > 0).all() and (cohort["model_s"] <= cohort["wall_s"]).all()
+    features = pd.read_parquet(workflow.dir / "results" / "slide_features.parquet")
+    assert list(features["model_key"]) == ["vit", "grid"]
+    embedded = workflow.log("rect", "embed_tiles")
+    assert "read once for models vit, grid" in embedded
+
+    # A third model: the job embeds only it, and leaves the others' outputs as they were.
+    kept = {
+        key: workflow.result("rect", f"{key}/metrics.json").read_text() for key in ("vit", "grid")
+    }
+    vit_features = load_embeddings(workflow.result("rect", "vit/embeddings.zarr"))[0]
+    third = {"name": "timm:test_vit", "weights": "random", "precision": "fp32"}
+    with_models(workflow, {"vit": vit, "grid": grid, "third": third})
+    workflow.run()
+    log = workflow.log("rect", "embed_tiles")
+    assert "read once for models third on" in log and "model vit is current" in log
+    metrics = json.loads(workflow.result("rect", "third/metrics.json").read_text())
+    assert metrics["models_in_job"] == ["third"]
+    for key, text in kept.items():
+        assert workflow.result("rect", f"{key}/metrics.json").read_text() == text
+    np.testing.assert_array_equal(
+        load_embeddings(workflow.result("rect", "vit/embeddings.zarr"))[0], vit_features
+    )
+
+    # A model removed: nothing runs.
+    with_models(workflow, {"vit": vit, "third": third})
+    assert "Nothing to be done" in workflow.run("--dry-run").stdout
+
+    # One model changed: only its embeddings, and the run is complete after it.
+    with_models(workflow, {"vit": vit | {"mean": [0.5, 0.5, 0.5]}, "third": third})
+    workflow.run()
+    log = workflow.log("rect", "embed_tiles")
+    assert "read once for models vit on" in log and "model third is current" in log
+    assert "Nothing to be done" in workflow.run("--dry-run").stdout

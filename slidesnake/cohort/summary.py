@@ -34,6 +34,8 @@ from slidesnake.tiling.tile_table import read_dropped
 DROPPED = ["dropped_pen", "dropped_focus"]
 COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_per_s",
            "loader_wait_fraction"]  # fmt: skip
+# With several models, each model's own time in the job it shared with the others.
+MODEL_COLUMNS = ["model_s", "model_tiles_per_s"]
 
 
 def slide_status(
@@ -90,7 +92,7 @@ def cohort_table(
         for slide_id in slide_ids
         for key in keys
     ]
-    columns = [COLUMNS[0], "model", *COLUMNS[1:]] if models else COLUMNS
+    columns = [COLUMNS[0], "model", *COLUMNS[1:], *MODEL_COLUMNS] if models else COLUMNS
     table = pd.DataFrame(rows).reindex(columns=columns)
     return table.astype(dict.fromkeys(["tiles", *DROPPED], "Int64"))
 

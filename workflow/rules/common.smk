@@ -150,31 +150,11 @@ def embedding_inputs():
     return {"models": MODEL_CARDS} if MODELS else {}
 
 
-def embeddings_input():
-    """A model's store as the input of the rules after it. With several models, `ancient`:
-    an embedding job that leaves a model's store as it was touches it all the same, and
-    that model's pooling must not re-run for it; a changed model re-runs its own through
-    the params (model_embedding)."""
-    path = model_output("embeddings.zarr")
-    return ancient(path) if MODELS else path
-
-
 def embedding_job_params():
-    """What decides the embeddings, for one model:. With several models, the model cards
-    (an input) say it, and the job skips the models whose outputs are current."""
+    """What decides the embeddings, for one model:. With several models the model cards
+    (an input) say it, and the job itself skips the models whose outputs are current:
+    params that listed the models would re-run every slide when one is removed."""
     return {} if MODELS else {"embedding": embedding_params(config)}
-
-
-EMBEDDING_PARAMS = {key: embedding_params(model) for key, model in MODELS.items()}
-
-
-def model_embedding(wildcards):
-    return EMBEDDING_PARAMS[wildcards.model_key]
-
-
-def model_params():
-    """What else decides a per-model output with several models: the model's params."""
-    return {"embedding": model_embedding} if MODELS else {}
 
 
 def cohort_targets():

@@ -1,6 +1,6 @@
 rule pool_slide:
     input:
-        zarr=embeddings_input(),
+        zarr=model_output("embeddings.zarr"),
         tiles="results/slides/{slide_id}/tiles.parquet",
         encoder=slide_encoder_input,
     output:
@@ -15,7 +15,6 @@ rule pool_slide:
         mem_mb=2000,
         cpu_stage=1,
     params:
-        **model_params(),
         slide=slide_params(config),
     script:
         "../../scripts/pool_slide.py"
@@ -23,7 +22,7 @@ rule pool_slide:
 
 rule draw_embedding_map:
     input:
-        zarr=embeddings_input(),
+        zarr=model_output("embeddings.zarr"),
         tiles="results/slides/{slide_id}/tiles.parquet",
         mask="results/slides/{slide_id}/tissue_mask.png",
         thumbnail="results/slides/{slide_id}/qc_mask.png",
@@ -38,15 +37,13 @@ rule draw_embedding_map:
     resources:
         mem_mb=2000,
         cpu_stage=1,
-    params:
-        **model_params(),
     script:
         "../../scripts/draw_embedding_map.py"
 
 
 rule predict_tiles:
     input:
-        zarr=embeddings_input(),
+        zarr=model_output("embeddings.zarr"),
         tiles="results/slides/{slide_id}/tiles.parquet",
         mask="results/slides/{slide_id}/tissue_mask.png",
         thumbnail="results/slides/{slide_id}/qc_mask.png",
@@ -65,7 +62,6 @@ rule predict_tiles:
         mem_mb=2000,
         cpu_stage=1,
     params:
-        **model_params(),
         head=head_params(config),
     script:
         "../../scripts/predict_tiles.py"

@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     embed.add_argument("tiles", help="the slide's tiles.parquet")
     embed.add_argument("outdir", help="where embeddings.zarr and metrics.json go")
     _add_model_arguments(embed)
+    embed.add_argument(
+        "--models", type=Path, help="a YAML mapping of model keys to model sections (config "
+        "key models:): one read for all of them, outputs in OUTDIR/<key>/",
+    )  # fmt: skip
     remote = embed.add_argument_group("remote backend (config keys remote.*)")
     remote.add_argument("--url", help="an inference server: embed there, not here")
     remote.add_argument("--server-model", help="the model's name on the server")
@@ -70,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     remote.add_argument("--token-env", help="environment variable holding a bearer token")
 
     export = commands.add_parser("export-h5", help="embeddings.zarr as TRIDENT/CLAM's .h5")
-    export.add_argument("zarr")
+    export.add_argument("zarr", help="an embeddings.zarr, or a slide's results folder with --model")
     export.add_argument("h5")
+    export.add_argument("--model", help="with several models: the key whose embeddings to export")
 
     bench = commands.add_parser("bench", help="decode limit, loader, model, end-to-end tiles/s")
     bench.add_argument("--slide", type=Path, help="default: a generated slide, see --synthetic")
@@ -140,6 +145,9 @@ def _settings(args: argparse.Namespace) -> EmbedSettings:
 def _embed(args: argparse.Namespace) -> None:
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
+    if args.models:
+        _embed_models(args, out)
+        return
     settings = _settings(args)
     if args.url:
         from slidesnake.remote.loop import embed_slide_remote as embed_slide
@@ -161,6 +169,40 @@ def _embed(args: argparse.Namespace) -> None:
         out / "embeddings.zarr",
         out / "metrics.json",
         settings,
+    )
+
+
+def _embed_models(args: argparse.Namespace, out: Path) -> None:
+    """`embed --models FILE`: every model of the file from one read of the slide; the
+    model options of the command line are each entry's defaults."""
+    import yaml
+
+    from slidesnake.cohort.rule_params import embedding_params
+    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.errors import ConfigError
+
+    entries = yaml.safe_load(args.models.read_text())
+    entries = entries.get("models", entries) if isinstance(entries, dict) else None
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise ConfigError(f"{args.models} is not a mapping of model keys to model sections")
+    base = _settings(args)
+    defaults = {"name": base.model, "checkpoint": base.checkpoint, "weights": base.weights,
+                "precision": base.precision, "batch_size": base.batch_size}  # fmt: skip
+    configs = {
+        key: {"model": defaults | entry, "loader": {"workers": base.workers},
+              "output": {"dtype": base.output_dtype}}
+        for key, entry in entries.items()
+    }  # fmt: skip
+    embed_slide_models(
+        args.slide,
+        Path(args.slide).stem,
+        args.tiles,
+        {
+            key: ModelOutputs(out / key / "embeddings.zarr", out / key / "metrics.json")
+            for key in configs
+        },
+        {key: EmbedSettings.from_config(config) for key, config in configs.items()},
+        {key: embedding_params(config) for key, config in configs.items()},
     )
 
 
@@ -232,7 +274,8 @@ def _weights_table(entries: list) -> list[str]:
 def _export_h5(args: argparse.Namespace) -> None:
     from slidesnake.embed.store import export_h5
 
-    export_h5(args.zarr, args.h5)
+    zarr = Path(args.zarr) / args.model / "embeddings.zarr" if args.model else args.zarr
+    export_h5(zarr, args.h5)
 
 
 def _bench(args: argparse.Namespace) -> None:

@@ -88,10 +88,17 @@ def outputs(folder: Path, keys) -> dict[str, ModelOutputs]:
 def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
     rect_slide, tiled, grid_program, tmp_path
 ):
-    models = two_models(grid_program)
-    out = outputs(tmp_path / "both", models)
+    # A third model takes the same input as grid: the two share its crop and resize.
+    whole = replace(two_models(grid_program)["vit"], input_mpp=None)
+    models = two_models(grid_program) | {"whole": whole}
+    out = outputs(tmp_path / "all", models)
     metrics = embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
-    assert set(metrics) == {"grid", "vit"}
+    assert set(metrics) == {"grid", "vit", "whole"}
+    alone = tmp_path / "whole_alone"
+    embed_slide(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", whole)
+    np.testing.assert_array_equal(
+        load_embeddings(out["whole"].zarr)[0], load_embeddings(alone / "e.zarr")[0]
+    )
 
     # The whole-tile model: a run of its own over the same tiles.
     alone = tmp_path / "grid_alone"
@@ -122,7 +129,7 @@ def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
     decoded = {m["compressed_tiles_decoded"] for m in metrics.values()}
     assert decoded == {own["compressed_tiles_decoded"]} and own["compressed_tiles_decoded"] > 0
     for key, m in metrics.items():
-        assert m["model_key"] == key and m["models_in_job"] == ["grid", "vit"]
+        assert m["model_key"] == key and m["models_in_job"] == ["grid", "vit", "whole"]
         assert 0 < m["model_s"] <= m["wall_s"] and m["tiles"] == 80
         assert json.loads(out[key].metrics.read_text()) == m
 

@@ -147,19 +147,31 @@ class ModelRun:
     seconds: float = 0.0
     _events: list = field(default_factory=list)
 
-    def embed(self, tiles: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The batch's features, their copy to the host started."""
+    def embed(self, tiles: torch.Tensor, shaped: dict | None = None) -> tuple:
+        """The batch's features, their copy to the host started. With `shaped` (by input
+        key, for the models of one job), a crop and resize another model made of this
+        batch is used, and one made here is kept for the others."""
         if tiles.device.type != "cuda":
             started = time.perf_counter()
-            copied = _to_host(self.embedder(tiles).to(_HOST_DTYPES[self.output_dtype]))
+            copied = self._embed(tiles, shaped)
             self.seconds += time.perf_counter() - started
             return copied
         events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         events[0].record()
-        copied = _to_host(self.embedder(tiles).to(_HOST_DTYPES[self.output_dtype]))
+        copied = self._embed(tiles, shaped)
         events[1].record()
         self._events.append(events)
         return copied
+
+    def _embed(self, tiles: torch.Tensor, shaped: dict | None) -> tuple:
+        if shaped is None:
+            features = self.embedder(tiles)
+        else:
+            key = self.embedder.input_key
+            if key not in shaped:
+                shaped[key] = self.embedder.shape(tiles)
+            features = self.embedder(tiles, shaped[key])
+        return _to_host(features.to(_HOST_DTYPES[self.output_dtype]))
 
     def model_s(self) -> float:
         """Seconds of model time so far (call after the loop: it waits for the GPU)."""
@@ -201,8 +213,9 @@ def run_models(
                 progress.state("running the model")
                 if staging is not None:
                     tiles = staging.to_device(tiles)
+                shaped = {} if len(runs) > 1 else None  # each model input made once
                 for index, run in enumerate(runs):
-                    copied = run.embed(tiles)
+                    copied = run.embed(tiles, shaped)
                     if in_flight[index] is not None:
                         _hand_over(index, in_flight[index], results, progress)
                     in_flight[index] = (rows, copied)

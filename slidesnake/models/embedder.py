@@ -54,26 +54,45 @@ class Embedder:
     crop: float = 1.0  # the centre of each tile it takes, as a fraction of the tile's side
 
     @torch.inference_mode()
-    def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
-        features = self.network(self.preprocess(tiles))
+    def __call__(self, tiles: torch.Tensor, shaped: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, D) features of uint8 (B, H, W, 3) tiles; or of `shaped`, the same batch
+        already cut and resized (`shape`) for another model with the same `input_key`,
+        which this call leaves as it is."""
+        x = self.normalise(self.shape(tiles)) if shaped is None else self.normalise(shaped, True)
+        features = self.network(x)
         if self._pixels is not None and _shares_memory(features, self._pixels):
             features = features.clone()  # a program that returns a view of its input
         return features
 
     def preprocess(self, tiles: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, 3) -> normalised (B, 3, S, S) in the model's dtype."""
+        return self.normalise(self.shape(tiles))
+
+    @property
+    def input_key(self) -> tuple[float, int]:
+        """Models with equal keys take the same pixels from a tile (`shape`)."""
+        return self.crop, self.input_size
+
+    @torch.inference_mode()
+    def shape(self, tiles: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> this model's part of each tile at its size, (B, 3, S, S):
+        on a CPU uint8, on a GPU float32."""
         x = tiles.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # channels-last
         if self.crop < 1.0:
             x = centre(x, self.crop)
         resize = x.shape[-1] != self.input_size or x.shape[-2] != self.input_size
         if self.device.type == "cpu":
-            if resize:
-                x = resize_tiles(x, self.input_size)  # uint8 in and out: rounds once
-            x = self._cpu_pixels(x)
-        else:
-            x = x.float()
-            if resize:
-                x = resize_tiles(x, self.input_size)
+            return resize_tiles(x, self.input_size) if resize else x  # uint8: rounds once
+        x = x.float()
+        return resize_tiles(x, self.input_size) if resize else x
+
+    def normalise(self, x: torch.Tensor, shared: bool = False) -> torch.Tensor:
+        """Shaped tiles -> normalised, in the model's dtype; in place, unless `shared`."""
+        if self.device.type == "cpu":
+            x = self._cpu_pixels(x)  # a copy of its own
+        elif shared:
+            x = x.mul(self._scale)
+            return x.sub_(self._shift).to(self.dtype)
         return x.mul_(self._scale).sub_(self._shift).to(self.dtype)
 
     def _cpu_pixels(self, x: torch.Tensor) -> torch.Tensor:

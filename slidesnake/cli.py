@@ -180,6 +180,7 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
     from slidesnake.cohort.rule_params import embedding_params
     from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
     from slidesnake.errors import ConfigError
+    from slidesnake.remote.model_run import RemoteRun
 
     entries = yaml.safe_load(args.models.read_text())
     entries = entries.get("models", entries) if isinstance(entries, dict) else None
@@ -203,6 +204,7 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
         },
         {key: EmbedSettings.from_config(config) for key, config in configs.items()},
         {key: embedding_params(config) for key, config in configs.items()},
+        open_served=RemoteRun,
     )
 
 

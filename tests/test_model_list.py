@@ -27,7 +27,7 @@ from slidesnake.embed.model_list import (
 )
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.errors import ConfigError, ModelError
-from slidesnake.models.registry import model_input, model_spec
+from slidesnake.models.registry import check_model_config, model_input, model_spec
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles, write_tiles
@@ -180,11 +180,24 @@ def test_a_model_input_is_cut_and_resized_from_the_tile_or_refused_by_name():
         model_input(hopt, 448, 0.5, input_size=448)
 
 
+def test_a_served_model_of_the_list_must_name_its_server_and_model():
+    served = {"name": "timm:test_vit", "backend": "remote"}
+    tiles = {"size": 224, "mpp": 0.5}
+    with pytest.raises(
+        ConfigError, match=r"models.a.backend remote needs models.a.remote.url and "
+    ):
+        check_model_config(served, tiles, {"url": None, "model": None}, key="a")
+    check_model_config(served, tiles, {"url": "http://gpu-1:8000", "model": "vit"}, key="a")
+
+
 def test_models_that_do_not_fit_the_gpu_are_refused_with_a_split():
     gib = 2**30
     check_memory({"a": 3 * gib, "b": 3 * gib}, free=7 * gib, total=8 * gib)
-    with pytest.raises(ModelError, match=r"need about 9.0 GiB .*into runs of c, a \| b"):
+    with pytest.raises(ModelError, match=r"need about 9.0 GiB .*into runs of c, a \| b$"):
         check_memory({"a": 2 * gib, "b": 2 * gib, "c": 5 * gib}, free=7 * gib, total=7 * gib)
+    # Two jobs take turns on a 16 GiB GPU: each may count on 8 GiB, however much is free.
+    with pytest.raises(ModelError, match=r"has 8.0 GiB .*per job .*runs of b \| a or lower"):
+        check_memory({"a": 5 * gib, "b": 6 * gib}, free=16 * gib, total=16 * gib, jobs_on_gpu=2)
     hopt = EmbedSettings(model="h-optimus-0", precision="fp16")
     assert weights_bytes(model_spec("h-optimus-0"), hopt) == pytest.approx(2.27e9, rel=0.02)
 

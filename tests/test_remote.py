@@ -29,12 +29,14 @@ from conftest import REPO
 from safetensors.torch import save_file
 
 from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.embed.store import load_embeddings
 from slidesnake.errors import ConfigError, RemoteError, RemoteRefusedError
 from slidesnake.models.embedder import build_network
 from slidesnake.models.registry import model_spec
 from slidesnake.remote.loop import embed_slide_remote
+from slidesnake.remote.model_run import RemoteRun
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tissue import TissueParams
@@ -487,3 +489,27 @@ def test_a_cohort_outlives_its_server_being_killed_mid_slide(
     for slide_id in table.index[table["status"] == "done"]:
         metrics = json.loads(workflow.result(slide_id, "metrics.json").read_text())
         assert metrics["backend"] == "remote" and metrics["tiles"] == 80
+
+
+def test_a_served_model_of_a_model_list_shares_the_one_read(
+    tmp_path, rect_slide, rect_tiles, uint8_server, local_features, checkpoint
+):
+    here = EmbedSettings(
+        model="timm:test_vit", checkpoint=checkpoint, precision="fp32",
+        output_dtype="float32", workers=1, batch_size=8,
+    )  # fmt: skip
+    models = {"here": here, "served": remote_settings(uint8_server.url, "test_vit")}
+    out = {k: ModelOutputs(tmp_path / k / "e.zarr", tmp_path / k / "m.json") for k in models}
+    params = {key: {"model": key} for key in models}  # what the job records as current
+    metrics = embed_slide_models(
+        rect_slide, "rect", rect_tiles, out, models, params, open_served=RemoteRun
+    )
+    features, coords, _ = load_embeddings(out["here"].zarr)
+    np.testing.assert_array_equal(features, local_features[0])
+    served, served_coords, attrs = load_embeddings(out["served"].zarr)
+    np.testing.assert_array_equal(served_coords, coords)
+    np.testing.assert_allclose(served, local_features[0], rtol=1e-4, atol=1e-4)
+    assert attrs["model_key"] == "served" and attrs["server_model"] == "test_vit"
+    assert metrics["served"]["backend"] == "remote" and metrics["served"]["requests"] == 10
+    decoded = {m["compressed_tiles_decoded"] for m in metrics.values()}
+    assert len(decoded) == 1 and decoded.pop() > 0  # one read for both

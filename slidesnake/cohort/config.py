@@ -56,10 +56,21 @@ def _resolve(node: Schema | None, root: Schema) -> Schema:
 
 
 def _child(node: Schema | None, root: Schema, key: str) -> Schema | None:
-    node = _resolve(node, root)
-    child = node.get("properties", {}).get(key)
-    extra = node.get("additionalProperties")
-    return child if child is not None or not isinstance(extra, dict) else extra
+    """The subschema of `key` in an object's schema: its own properties, those of what
+    it refers to ($ref beside them), or the schema of any other key."""
+    parts = list(_parts(node, root))
+    for part in parts:
+        if key in part.get("properties", {}):
+            return part["properties"][key]
+    extra = [part["additionalProperties"] for part in parts if "additionalProperties" in part]
+    return extra[0] if extra and isinstance(extra[0], dict) else None
+
+
+def _parts(node: Schema | None, root: Schema) -> Iterator[Schema]:
+    while node:
+        yield node
+        ref = node.get("$ref")
+        node = root["$defs"][ref.rsplit("/", 1)[-1]] if ref else None
 
 
 def _items(node: Schema | None, root: Schema) -> Schema | None:
@@ -83,19 +94,27 @@ def _types(node: Schema | None, root: Schema) -> set[str]:
 def with_defaults(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """`config` over `defaults`, section by section (a section is one level of keys); each
     entry of `models:` over the default `model:` section (not the run's: a checkpoint set
-    for one model must not become another's)."""
+    for one model must not become another's), and its `remote:` over the run's (a served
+    model of the list names its own server and model there)."""
     merged = dict(defaults)
     for key, value in config.items():
         default = defaults.get(key)
         both_sections = isinstance(value, dict) and isinstance(default, dict)
         merged[key] = {**default, **value} if both_sections else value
-    models = merged.get("models")
-    if isinstance(models, dict):
-        model = defaults["model"]
+    if isinstance(merged.get("models"), dict):
         merged["models"] = {
-            key: {**model, **entry} if isinstance(entry, dict) else entry
-            for key, entry in models.items()
+            key: _model_entry(entry, defaults["model"], merged["remote"])
+            for key, entry in merged["models"].items()
         }
+    return merged
+
+
+def _model_entry(entry: Any, model: dict[str, Any], remote: Any) -> Any:
+    if not isinstance(entry, dict):
+        return entry  # the schema says what is wrong with it
+    merged = {**model, **entry}
+    if isinstance(entry.get("remote"), dict) and isinstance(remote, dict):
+        merged["remote"] = {**remote, **entry["remote"]}
     return merged
 
 

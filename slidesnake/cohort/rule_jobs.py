@@ -9,6 +9,7 @@ function imports its stage when called, so this module stays cheap to import, an
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from slidesnake.cohort.jobs import run_job
@@ -114,8 +115,11 @@ def embed_tiles(job: Any) -> None:
         models = model_configs(job.config)
         if models:
             gpu = job.config["gpu"]
-            claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
-            _embed_models(job, models)
+            # A GPU the allocation chose (SLURM) is this job's alone; one it claims is shared.
+            shared = "CUDA_VISIBLE_DEVICES" not in os.environ
+            if any(config["model"]["backend"] == "local" for config in models.values()):
+                claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
+            _embed_models(job, models, gpu["jobs_per_gpu"] if shared else 1)
             return
         settings = EmbedSettings.from_config(job.config)
         outputs = dict(
@@ -142,7 +146,7 @@ def embed_tiles(job: Any) -> None:
     run_job(embed, log_path=job.log[0], slide_id=job.wildcards.slide_id)
 
 
-def _embed_models(job: Any, models: dict[str, dict[str, Any]]) -> None:
+def _embed_models(job: Any, models: dict[str, dict[str, Any]], jobs_on_gpu: int) -> None:
     """One read of the slide for every model of `models:` (in config order, as the rule
     lists their outputs) whose outputs are not current."""
     from pathlib import Path
@@ -150,6 +154,10 @@ def _embed_models(job: Any, models: dict[str, dict[str, Any]]) -> None:
     from slidesnake.cohort.rule_params import embedding_params
     from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
     from slidesnake.embed.settings import EmbedSettings
+
+    open_served = None
+    if any(config["model"]["backend"] == "remote" for config in models.values()):
+        from slidesnake.remote.model_run import RemoteRun as open_served  # httpx: only then
 
     paths = zip(models, job.output.zarr, job.output.metrics, strict=True)
     embed_slide_models(
@@ -159,6 +167,8 @@ def _embed_models(job: Any, models: dict[str, dict[str, Any]]) -> None:
         outputs={key: ModelOutputs(Path(zarr), Path(metrics)) for key, zarr, metrics in paths},
         settings={key: EmbedSettings.from_config(config) for key, config in models.items()},
         params={key: embedding_params(config) for key, config in models.items()},
+        jobs_on_gpu=jobs_on_gpu,
+        open_served=open_served,
     )
 
 

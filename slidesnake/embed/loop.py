@@ -146,6 +146,23 @@ class ModelRun:
     output_dtype: str
     seconds: float = 0.0
     _events: list = field(default_factory=list)
+    _in_flight: tuple | None = None  # the previous batch, its copy to the host under way
+
+    def feed(self, rows, pixels, tiles: torch.Tensor, shaped: dict | None, deliver) -> None:
+        """Embed this batch (`tiles`, on the device) and deliver the previous batch's
+        features, whose copy to the host has had this batch's kernels to finish."""
+        copied = self.embed(tiles, shaped)
+        self.flush(deliver)
+        self._in_flight = (rows, copied)
+
+    def flush(self, deliver) -> None:
+        """Deliver the batch in flight, if any: `deliver(rows, features)`."""
+        if self._in_flight is not None:
+            rows, (features, done) = self._in_flight
+            if done is not None:
+                done.synchronize()
+            deliver(rows, features.numpy())
+            self._in_flight = None
 
     def embed(self, tiles: torch.Tensor, shaped: dict | None = None) -> tuple:
         """The batch's features, their copy to the host started. With `shaped` (by input
@@ -179,14 +196,15 @@ class ModelRun:
 
 
 def run_models(
-    runs: list[ModelRun],
+    runs: list,
     batches: BatchStream,
     batch_shape: tuple[int, ...],
     settings: EmbedSettings,
     device: torch.device,
 ) -> dict[str, float]:
     """The hot loop, from the models ready to the last feature handed to the writers: each
-    batch goes to the device once and through every model. Returns its wall time, the
+    batch goes to the device once and to every model (a `ModelRun` here, or a served
+    model's run, which takes the batch's uint8 `pixels`). Returns its wall time, the
     time it waited for data, when the first batch reached the models, and how many
     compressed slide tiles the workers decoded."""
     started = time.perf_counter()
@@ -196,8 +214,7 @@ def run_models(
     drain = _Drain(results, [run.writer for run in runs])
     drain.start()
     waited, first_batch_at = 0.0, None
-    # Each model's previous batch, whose copy to the host may still be running.
-    in_flight: list[tuple | None] = [None] * len(runs)
+    delivers = [_deliver(index, results, progress) for index in range(len(runs))]
     with progress:
         try:
             while True:
@@ -214,14 +231,10 @@ def run_models(
                 if staging is not None:
                     tiles = staging.to_device(tiles)
                 shaped = {} if len(runs) > 1 else None  # each model input made once
-                for index, run in enumerate(runs):
-                    copied = run.embed(tiles, shaped)
-                    if in_flight[index] is not None:
-                        _hand_over(index, in_flight[index], results, progress)
-                    in_flight[index] = (rows, copied)
-            for index, batch in enumerate(in_flight):
-                if batch is not None:
-                    _hand_over(index, batch, results, progress)
+                for run, deliver in zip(runs, delivers, strict=True):
+                    run.feed(rows, pixels, tiles, shaped, deliver)
+            for run, deliver in zip(runs, delivers, strict=True):
+                run.flush(deliver)
         finally:
             # Also on an error or SIGTERM: no write may land in a store after its temporary
             # is removed, so the writer stops before this function is left.
@@ -273,15 +286,16 @@ def _to_host(features: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | N
     return host, done
 
 
-def _hand_over(index: int, batch, results: queue.Queue, progress: Progress) -> None:
-    """Model `index`'s batch to the writer, once its copy to the host is done; progress
+def _deliver(index: int, results: queue.Queue, progress: Progress):
+    """Model `index`'s hand-over of a batch's features to the writer thread; progress
     counts the first model's tiles (every model gets every tile)."""
-    rows, (features, done) = batch
-    if done is not None:
-        done.synchronize()
-    results.put((index, rows, features.numpy()))
-    if index == 0:
-        progress.advance(len(rows))
+
+    def deliver(rows: np.ndarray, features: np.ndarray) -> None:
+        results.put((index, rows, features))
+        if index == 0:
+            progress.advance(len(rows))
+
+    return deliver
 
 
 class _Drain(threading.Thread):

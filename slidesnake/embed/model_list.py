@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from slidesnake.embed.records import peak_memory_mb, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter, open_embeddings
-from slidesnake.errors import EmbeddingsError, ModelError
+from slidesnake.errors import ConfigError, EmbeddingsError, ModelError
 from slidesnake.loader.batches import TileBatches
 from slidesnake.models.embedder import Embedder, build_embedder, parameter_count
 from slidesnake.models.registry import ModelInput, ModelSpec, model_input, model_spec
@@ -82,10 +83,13 @@ def weights_bytes(spec: ModelSpec, settings: EmbedSettings) -> int:
     return parameter_count(spec) * BYTES_PER_WEIGHT[settings.precision]
 
 
-def check_memory(needs: dict[str, int], free: int, total: int) -> None:
+def check_memory(needs: dict[str, int], free: int, total: int, jobs_on_gpu: int = 1) -> None:
     """ModelError, naming the models to split into runs of their own, when the models'
-    needs (bytes by key) exceed the GPU's `free` bytes."""
-    if sum(needs.values()) <= free:
+    needs (bytes by key) exceed this job's part of the GPU: what is free, and no more
+    than its share when `jobs_on_gpu` jobs take turns on it (gpu.jobs_per_gpu)."""
+    share = total // jobs_on_gpu
+    budget = min(free, share)
+    if sum(needs.values()) <= budget:
         return
     groups: list[list[str]] = []
     room: list[int] = []
@@ -93,15 +97,18 @@ def check_memory(needs: dict[str, int], free: int, total: int) -> None:
         fits = next((i for i, left in enumerate(room) if need <= left), None)
         if fits is None:
             groups.append([key])
-            room.append(total - need)
+            room.append(share - need)
         else:
             groups[fits].append(key)
             room[fits] -= need
     each = ", ".join(f"{key} {need / 2**30:.1f} GiB" for key, need in needs.items())
     split = " | ".join(", ".join(group) for group in groups)
+    shared = f", 1/{jobs_on_gpu} of it per job (gpu.jobs_per_gpu)" if jobs_on_gpu > 1 else ""
     raise ModelError(
         f"the models need about {sum(needs.values()) / 2**30:.1f} GiB of GPU memory ({each}) "
-        f"and the GPU has {free / 2**30:.1f} GiB free; split models: into runs of {split}"
+        f"and this job has {budget / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free{shared}); "
+        f"split models: into runs of {split}"
+        + (" or lower gpu.jobs_per_gpu" if jobs_on_gpu > 1 else "")
     )
 
 
@@ -113,9 +120,14 @@ def embed_slide_models(
     settings: dict[str, EmbedSettings],
     params: dict[str, dict[str, Any]],
     device: torch.device | None = None,
+    jobs_on_gpu: int = 1,
+    open_served: Callable[..., Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Embed the tiles of `tiles_path` with every model (by key) whose outputs are not
-    current; returns the metrics of those it embedded."""
+    current; returns the metrics of those it embedded. `jobs_on_gpu`: how many jobs may
+    share this job's GPU, for the check that the models fit it. `open_served(settings,
+    spec, input, slide_id)`: the run of a served model (`remote.model_run.RemoteRun`,
+    given by the caller: the remote backend builds on this room, not the reverse)."""
     clock = {"process": process_started(), "entered": time.perf_counter()}
     keys = {key: embedding_key(params[key], tiles_path, slide_path) for key in settings}
     stale = [key for key in settings if not is_current(outputs[key], keys[key])]
@@ -123,40 +135,47 @@ def embed_slide_models(
         log.info("slide '%s': model %s is current; not embedded again", slide_id, key)
     if not stale:
         return {}
-    device = device or slide_device()
+    local = [key for key in stale if settings[key].backend == "local"]
+    device = (device or slide_device()) if local else torch.device("cpu")
     tiles, geometry = read_tiles(tiles_path)
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     wanted = {key: _wanted(key, settings[key], geometry) for key in stale}
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        needs = {key: weights_bytes(wanted[key][0], settings[key]) for key in stale}
-        check_memory({key: need + ACTIVATION_BYTES for key, need in needs.items()}, free, total)
+        needs = {key: weights_bytes(wanted[key][0], settings[key]) for key in local}
+        needs = {key: need + ACTIVATION_BYTES for key, need in needs.items()}
+        check_memory(needs, free, total, jobs_on_gpu)
     first = settings[stale[0]]
     batch_size = min(settings[key].batch_size for key in stale)  # the one that fits them all
     dataset = TileBatches(slide_path, slide_id, coords, geometry, batch_size, first.block)
     clock["loader"] = time.perf_counter()
-    with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as stores:
-        embedders = {key: _embedder(*wanted[key], settings[key], device) for key in stale}
-        digests = {key: embedder.weights_digest() for key, embedder in embedders.items()}
-        clock["model_ready"] = time.perf_counter()
+    with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as job:
+        models = {
+            key: _open(wanted[key], settings[key], device, slide_id, open_served) for key in stale
+        }
+        for model in models.values():
+            if not isinstance(model, Embedder):
+                job.callback(model.close)
+        digests = {key: model.weights_digest() for key, model in models.items() if key in local}
         log.info(
             "slide '%s': %d tiles read once for models %s on %s, batch %d",
             slide_id, len(coords), ", ".join(stale), device, batch_size,
         )  # fmt: skip
         runs = []
         for key in stale:
-            store = stores.enter_context(atomic_output(outputs[key].zarr))
-            writer = EmbeddingWriter(store, coords, embedders[key].dim, settings[key].output_dtype)
-            runs.append(ModelRun(embedders[key], writer, settings[key].output_dtype))
+            store = job.enter_context(atomic_output(outputs[key].zarr))
+            dtype = settings[key].output_dtype
+            writer = EmbeddingWriter(store, coords, models[key].dim, dtype)
+            runs.append(_run(models[key], writer, dtype))
         timings = run_models(runs, batches, dataset.batch_shape, first, device)
         timings["startup_s"] = timings.pop("first_batch_at") - clock["process"]
         for key, run in zip(stale, runs, strict=True):
             attributes = _attributes(slide_path, slide_id, geometry, key, run, settings[key])
-            digest = digests[key]
+            digest = digests.get(key)
             attributes |= {"embedding_key": keys[key], "timings": timings}
             attributes["weights_sha256"] = digest.value() if digest else None
             run.writer.finish(attributes)
-    job = {
+    shared = {
         "models_in_job": stale,
         "job_s": round(time.perf_counter() - clock["process"], 3),
         "device": str(device),
@@ -165,11 +184,32 @@ def embed_slide_models(
     }
     metrics = {}
     for key, run in zip(stale, runs, strict=True):
-        metrics[key] = _metrics(key, run, len(coords), timings, job) | {"embedding_key": keys[key]}
+        metrics[key] = _metrics(key, run, len(coords), timings, shared)
+        metrics[key]["embedding_key"] = keys[key]
         with atomic_output(outputs[key].metrics) as tmp:
             tmp.write_text(json.dumps(metrics[key], indent=2) + "\n")
-    _log_done(slide_id, len(coords), timings, metrics, job["job_s"])
+    _log_done(slide_id, len(coords), timings, metrics, shared["job_s"])
     return metrics
+
+
+def _open(wanted: tuple, settings: EmbedSettings, device, slide_id: str, open_served):
+    """One model ready to embed: an Embedder on `device`, or a served model's run,
+    connected (its server ready, its model there, its width known)."""
+    if settings.backend == "local":
+        return _embedder(*wanted, settings, device)
+    if open_served is None:
+        raise ConfigError(f"model '{settings.model}' is served, and this caller serves none")
+    run = open_served(settings, *wanted, slide_id)
+    run.connect()
+    return run
+
+
+def _run(model, writer: EmbeddingWriter, dtype: str):
+    """The part of the loop of an opened model, writing into `writer`."""
+    if isinstance(model, Embedder):
+        return ModelRun(model, writer, dtype)
+    model.writer = writer
+    return model
 
 
 def _wanted(key: str, settings: EmbedSettings, geometry: TileGeometry) -> tuple:
@@ -190,10 +230,13 @@ def _embedder(
     return embedder
 
 
-def _attributes(slide_path, slide_id, geometry, key: str, run: ModelRun, settings) -> dict:
+def _attributes(slide_path, slide_id, geometry, key: str, run, settings) -> dict:
+    slide = slide_attributes(slide_path, slide_id, geometry)
+    if not isinstance(run, ModelRun):
+        return {**slide, "model_key": key, **run.attributes()}
     embedder = run.embedder
     return {
-        **slide_attributes(slide_path, slide_id, geometry),
+        **slide,
         "backend": "local",
         "model_key": key,
         "model": embedder.spec.name,
@@ -207,10 +250,19 @@ def _attributes(slide_path, slide_id, geometry, key: str, run: ModelRun, setting
     }
 
 
-def _metrics(key: str, run: ModelRun, tiles: int, timings, job: dict) -> dict:
+def _metrics(key: str, run, tiles: int, timings, job: dict) -> dict:
     """One model's metrics: its own time and tiles/s, and the job's (the read, the loop's
     wait for data, the start-up), which every model of the job shares."""
     wall, model_s = timings["wall_s"], run.model_s()
+    if isinstance(run, ModelRun):
+        own = {
+            **{name: round(seconds, 3) for name, seconds in run.embedder.load_s.items()},
+            "precision": str(run.embedder.dtype).removeprefix("torch."),
+            "model": run.embedder.spec.name,
+            "backend": "local",
+        }
+    else:
+        own = {"model": run.spec.name, "backend": "remote", **run.metrics()}
     return {
         "tiles": tiles,
         "wall_s": round(wall, 3),
@@ -220,13 +272,10 @@ def _metrics(key: str, run: ModelRun, tiles: int, timings, job: dict) -> dict:
         "model_s": round(model_s, 3),
         "model_tiles_per_s": round(tiles / model_s, 2) if model_s > 0 else 0.0,
         "startup_s": round(timings["startup_s"], 3),
-        **{name: round(seconds, 3) for name, seconds in run.embedder.load_s.items()},
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         **job,
-        "precision": str(run.embedder.dtype).removeprefix("torch."),
         "model_key": key,
-        "model": run.embedder.spec.name,
-        "backend": "local",
+        **own,
         **peak_memory_mb(),
     }
 

@@ -74,9 +74,14 @@ class EmbedSettings:
 
 
 def model_configs(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each model of `models:` as a config of its own, its entry in place of `model:`, in
-    the order the config lists them; none for a config with one `model:`."""
-    return {key: {**config, "model": entry} for key, entry in (config.get("models") or {}).items()}
+    """Each model of `models:` as a config of its own, its entry in place of `model:` (and
+    the entry's `remote:` in place of the run's), in the order the config lists them;
+    none for a config with one `model:`."""
+    configs = {}
+    for key, entry in (config.get("models") or {}).items():
+        model = {name: value for name, value in entry.items() if name != "remote"}
+        configs[key] = {**config, "model": model, "remote": entry.get("remote", config["remote"])}
+    return configs
 
 
 # `make demo` and `slidesnake bench`: a small ViT that a CPU runs at ~20 tiles/s.

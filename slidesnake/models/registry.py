@@ -179,20 +179,16 @@ def check_model_config(
     weights are the server's)."""
     spec = model_spec(model["name"], model.get("mean"), model.get("std"))
     size, mpp = model.get("input_size"), model.get("input_mpp")
+    label = "model" if key is None else f"models.{key}"
     if key is None and size is None and mpp is None:
         check_tiles_fit(spec, tiles["size"], tiles["mpp"])
     else:
-        label = "model" if key is None else f"models.{key}"
         model_input(spec, tiles["size"], tiles["mpp"], size, mpp, label)
-    if model.get("backend", "local") == "remote" and key is not None:
-        raise ConfigError(
-            f"models.{key}: the remote backend serves one model per run; give it a run of "
-            "its own with model: (backend: remote), or run the model locally here"
-        )
     if model.get("backend", "local") == "remote":
-        missing = [f"remote.{name}" for name in ("url", "model") if not (remote or {}).get(name)]
+        section = "remote" if key is None else f"models.{key}.remote"
+        missing = [f"{section}.{name}" for name in ("url", "model") if not (remote or {}).get(name)]
         if missing:
-            raise ConfigError(f"model.backend remote needs {' and '.join(missing)}")
+            raise ConfigError(f"{label}.backend remote needs {' and '.join(missing)}")
         return
     if spec.name.startswith("timm:"):
         _check_timm_architecture(spec.architecture)

@@ -54,7 +54,7 @@ def embed_slide_remote(
         client.wait_ready()
         metadata = client.metadata()
         layout = choose_layout(metadata, spec, geometry.size, client.url)
-        dim = layout.dim or _probe_width(client, layout, spec)
+        dim = layout.dim or probe_width(client, layout, spec)
         coords = tiles[["x", "y"]].to_numpy(np.int64)
         log.info(
             "slide '%s': %d tiles, model '%s' (%d-d) on %s, input %s, %d requests in "
@@ -72,7 +72,7 @@ def embed_slide_remote(
             timings["startup_s"] = timings.pop("first_batch_at") - started
             writer.finish(
                 slide_attributes(slide_path, slide_id, geometry)
-                | _model_attributes(client, metadata, spec, dim, settings)
+                | model_attributes(client, metadata, spec, dim, settings)
                 | {"timings": timings}
             )
     finally:
@@ -91,14 +91,14 @@ def embed_slide_remote(
     return metrics
 
 
-def _probe_width(client: InferenceClient, layout: InputLayout, spec: ModelSpec) -> int:
+def probe_width(client: InferenceClient, layout: InputLayout, spec: ModelSpec) -> int:
     """The feature width, from one blank tile, when the server's metadata leaves it open."""
     blank = np.zeros((1, layout.size, layout.size, 3), np.uint8)
-    features = _send(client, layout, spec, blank, None)
+    features = send_tiles(client, layout, spec, blank, None)
     return int(features.shape[1])
 
 
-def _send(
+def send_tiles(
     client: InferenceClient,
     layout: InputLayout,
     spec: ModelSpec,
@@ -155,7 +155,7 @@ def _run(
                 rows, tiles = item
                 # Copied here: the ring slot is the loader's again at the next batch,
                 # while this request may not have been prepared or sent yet.
-                pending[pool.submit(_send, client, layout, spec, tiles.copy(), dim)] = rows
+                pending[pool.submit(send_tiles, client, layout, spec, tiles.copy(), dim)] = rows
             while pending:
                 progress.state("waiting for the server")
                 slot_wait += collect(FIRST_COMPLETED)
@@ -171,7 +171,7 @@ def _run(
     }
 
 
-def _model_attributes(
+def model_attributes(
     client: InferenceClient, metadata: ModelMetadata, spec: ModelSpec, dim: int, settings
 ) -> dict[str, Any]:
     return {

@@ -51,7 +51,7 @@ def check_models_config(config):
     """model.*, or each entry of models:, against the tiles, before any job."""
     models = model_configs(config)
     for key, model in models.items():
-        check_model_config(model["model"], config["tiles"], config["remote"], key)
+        check_model_config(model["model"], config["tiles"], model["remote"], key)
     if not models:
         check_model_config(config["model"], config["tiles"], config["remote"])
 
@@ -107,8 +107,9 @@ except SlidesnakeError as err:
 validate(samples, "../schemas/samples.schema.yaml")
 for warning in sheet_warnings(samples):
     logger.warning(f"sample sheet: {warning}")
-REMOTE_BACKEND = config["model"]["backend"] == "remote"
 MODELS = model_configs(config)
+# Where the embedding jobs' models run: here, on an inference server, or both.
+BACKENDS = {m["model"]["backend"] for m in MODELS.values()} or {config["model"]["backend"]}
 # With several models, what a model decides lives in a folder per model key; with one
 # model: it lives in the slide's folder, as it always has.
 MODEL_DIR = "{model_key}/" if MODELS else ""

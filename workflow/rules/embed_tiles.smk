@@ -12,9 +12,9 @@ rule embed_tiles:
     threads: config["loader"]["workers"] + 1
     resources:
         # The remote backend's jobs are CPU clients of the server: they take an endpoint
-        # slot (--resources endpoint=K), not a GPU.
-        gpu=0 if REMOTE_BACKEND else 1,
-        endpoint=1 if REMOTE_BACKEND else 0,
+        # slot (--resources endpoint=K), and a GPU only for the models that run here.
+        gpu=1 if "local" in BACKENDS else 0,
+        endpoint=1 if "remote" in BACKENDS else 0,
         mem_mb=8000,
     params:
         **embedding_job_params(),

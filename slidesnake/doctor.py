@@ -26,7 +26,12 @@ from slidesnake.cohort.samples import read_sample_sheet
 from slidesnake.errors import SlidesnakeError
 from slidesnake.models.checkpoints import HUB_FILES, is_program
 from slidesnake.models.pt2_archive import check_archive
-from slidesnake.models.registry import check_model_config, model_spec, weights_source
+from slidesnake.models.registry import (
+    check_model_config,
+    model_input,
+    model_spec,
+    weights_source,
+)
 from slidesnake.models.weight_files import weights_problem
 from slidesnake.slides.slide import Slide
 
@@ -262,33 +267,51 @@ def run_doctor(configfiles: list[Path], slurm: bool) -> list[Finding]:
 
 
 def weights_check(config: dict[str, Any]) -> list[Finding]:
-    """The configured model's weights as a job will load them, or its server's answer."""
-    model = config["model"]
+    """The configured model's weights as a job will load them, or its server's answer;
+    with `models:`, each model's, its key in the line."""
+    from slidesnake.embed.settings import model_configs
+
+    models = model_configs(config)
+    if not models:
+        return [_model_finding(config, None)]
+    findings = []
+    for key, model_config in models.items():
+        findings += run_checks(
+            {f"weights {key}": lambda c=model_config, k=key: [_model_finding(c, k)]}
+        )
+    return findings
+
+
+def _model_finding(config: dict[str, Any], key: str | None) -> Finding:
+    """One model's weights, or its server; `key`: its key in `models:`, if it has one."""
+    model, name = config["model"], "weights" if key is None else f"weights {key}"
     if model["backend"] == "remote":
-        return [_server_finding(config)]
-    check_model_config(model, config["tiles"], config["remote"])
+        return _server_finding(config)
+    check_model_config(model, config["tiles"], config["remote"], key)
     spec = model_spec(model["name"], model["mean"], model["std"])
+    tiles = config["tiles"]
+    size = model_input(
+        spec, tiles["size"], tiles["mpp"], model.get("input_size"), model.get("input_mpp")
+    ).size
     source = weights_source(spec, model["weights"], model["checkpoint"])
     if source is None:
-        return [
-            Finding(
-                "NOTE",
-                "weights",
-                f"model '{spec.name}' has random weights: its "
-                "embeddings mean nothing (demos and tests only)",
-            )
-        ]
+        return Finding(
+            "NOTE",
+            name,
+            f"model '{spec.name}' has random weights: its "
+            "embeddings mean nothing (demos and tests only)",
+        )
     if source.startswith("hf-hub:"):
-        return [_hub_cache_finding(source)]
+        return _hub_cache_finding(source)
     path = Path(source)
     if is_program(path):
         if path.suffix == ".pt2":
             check_archive(path)
-        return [Finding("OK", "weights", f"{path}: a program, checked as plain data")]
-    problem = weights_problem(spec, path, config["tiles"]["size"])
+        return Finding("OK", name, f"{path}: a program, checked as plain data")
+    problem = weights_problem(spec, path, size)
     if problem is not None:
-        return [Finding("FAIL", "weights", problem)]
-    return [Finding("OK", "weights", f"{path} loads as weights only and fits '{spec.name}'")]
+        return Finding("FAIL", name, problem)
+    return Finding("OK", name, f"{path} loads as weights only and fits '{spec.name}'")
 
 
 def _hub_cache_finding(source: str) -> Finding:

@@ -181,3 +181,14 @@ def test_a_check_that_breaks_is_a_fail_line_and_the_next_check_runs():
     findings = doctor.run_checks({"broken": broken, "python": doctor.python_check})
     assert findings[0] == doctor.Finding("FAIL", "broken", "unexpected KeyError: 'samples'")
     assert findings[1].check == "python" and findings[1].status == "OK"
+
+
+def test_each_model_of_a_list_has_its_weights_line(project, tmp_path):
+    models = {
+        "vit": {"name": "timm:test_vit", "weights": "random"},
+        "lost": {"name": "timm:test_vit", "checkpoint": str(tmp_path / "gone.safetensors")},
+    }
+    findings = {f.check: f for f in doctor.weights_check(config_with(project, models=models))}
+    statuses = {check: finding.status for check, finding in findings.items()}
+    assert statuses == {"weights vit": "NOTE", "weights lost": "FAIL"}
+    assert "gone.safetensors does not exist" in findings["weights lost"].message

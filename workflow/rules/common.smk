@@ -109,7 +109,7 @@ for warning in sheet_warnings(samples):
     logger.warning(f"sample sheet: {warning}")
 MODELS = model_configs(config)
 # Where the embedding jobs' models run: here, on an inference server, or both.
-BACKENDS = {m["model"]["backend"] for m in MODELS.values()} or {config["model"]["backend"]}
+BACKENDS = {m["model"]["backend"] for m in (MODELS or {"": config}).values()}
 # With several models, what a model decides lives in a folder per model key; with one
 # model: it lives in the slide's folder, as it always has.
 MODEL_DIR = "{model_key}/" if MODELS else ""

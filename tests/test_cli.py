@@ -24,6 +24,25 @@ def test_embed_then_export_from_the_command_line(tmp_path, blob_slide):
         np.testing.assert_array_equal(f["coords"][:], coords)
 
 
+def test_a_model_list_from_the_command_line_and_one_model_exported(tmp_path, blob_slide):
+    main(["mask", str(blob_slide), str(tmp_path)])
+    main(["tiles", str(blob_slide), str(tmp_path)])
+    listing = tmp_path / "models.yaml"
+    vit, small = "{name: 'timm:test_vit'}", "{name: 'timm:test_vit', input_size: 112}"
+    listing.write_text(f"models:\n  vit: {vit}\n  small: {small}\n")
+    defaults = ["--weights", "random", "--precision", "fp32", "--models", str(listing)]
+    main(["embed", str(blob_slide), str(tmp_path / "tiles.parquet"), str(tmp_path), *defaults])
+    vit, _, attrs = load_embeddings(tmp_path / "vit" / "embeddings.zarr")
+    small = load_embeddings(tmp_path / "small" / "embeddings.zarr")[2]
+    assert attrs["model_key"] == "vit" and small["model_input_px"] == 112
+    main(["export-h5", str(tmp_path), str(tmp_path / "vit.h5"), "--model", "vit"])
+    with h5py.File(tmp_path / "vit.h5") as f:
+        np.testing.assert_array_equal(f["features"][:], vit)
+    listing.write_text("- not a mapping\n")
+    with pytest.raises(SystemExit):
+        main(["embed", str(blob_slide), str(tmp_path / "tiles.parquet"), str(tmp_path), *defaults])
+
+
 @pytest.mark.slow  # every stage of the benchmark, in rounds
 def test_bench_measures_every_stage_on_the_same_slide(tmp_path, blob_slide, capsys):
     main(

@@ -87,6 +87,8 @@ bench: install
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/startup_sources.py
 	$(BIN)/python benchmarks/cohort_loop.py
+	$(BIN)/python benchmarks/model_list.py --set small
+	$(BIN)/python benchmarks/model_list.py --set cheap
 	$(BIN)/python benchmarks/cohort_scaling.py
 
 # Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).

@@ -57,11 +57,15 @@ class ModelOutputs:
 def embedding_key(params: dict[str, Any], tiles_path: str | Path, slide_path: str | Path) -> str:
     """What a model's embeddings of a slide depend on, as one digest: its params (as the
     rule has them), the tile table's bytes and the slide's size and modification time."""
-    status = os.stat(slide_path)
+    try:
+        status = os.stat(slide_path)
+        slide = [status.st_size, status.st_mtime_ns]
+    except OSError:
+        slide = "missing"  # the read then fails the job with the slide's own error
     identity = {
         "params": params,
         "tiles_sha256": hashlib.sha256(Path(tiles_path).read_bytes()).hexdigest(),
-        "slide": [status.st_size, status.st_mtime_ns],
+        "slide": slide,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -128,7 +132,7 @@ def embed_slide_models(
     share this job's GPU, for the check that the models fit it. `open_served(settings,
     spec, input, slide_id)`: the run of a served model (`remote.model_run.RemoteRun`,
     given by the caller: the remote backend builds on this room, not the reverse)."""
-    clock = {"process": process_started(), "entered": time.perf_counter()}
+    started = process_started()
     keys = {key: embedding_key(params[key], tiles_path, slide_path) for key in settings}
     stale = [key for key in settings if not is_current(outputs[key], keys[key])]
     for key in settings.keys() - set(stale):
@@ -141,14 +145,13 @@ def embed_slide_models(
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     wanted = {key: _wanted(key, settings[key], geometry) for key in stale}
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        needs = {key: weights_bytes(wanted[key][0], settings[key]) for key in local}
-        needs = {key: need + ACTIVATION_BYTES for key, need in needs.items()}
-        check_memory(needs, free, total, jobs_on_gpu)
+        needs = {
+            key: weights_bytes(wanted[key][0], settings[key]) + ACTIVATION_BYTES for key in local
+        }
+        check_memory(needs, *torch.cuda.mem_get_info(device), jobs_on_gpu)
     first = settings[stale[0]]
     batch_size = min(settings[key].batch_size for key in stale)  # the one that fits them all
     dataset = TileBatches(slide_path, slide_id, coords, geometry, batch_size, first.block)
-    clock["loader"] = time.perf_counter()
     with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as job:
         models = {
             key: _open(wanted[key], settings[key], device, slide_id, open_served) for key in stale
@@ -168,7 +171,7 @@ def embed_slide_models(
             writer = EmbeddingWriter(store, coords, models[key].dim, dtype)
             runs.append(_run(models[key], writer, dtype))
         timings = run_models(runs, batches, dataset.batch_shape, first, device)
-        timings["startup_s"] = timings.pop("first_batch_at") - clock["process"]
+        timings["startup_s"] = timings.pop("first_batch_at") - started
         for key, run in zip(stale, runs, strict=True):
             attributes = _attributes(slide_path, slide_id, geometry, key, run, settings[key])
             digest = digests.get(key)
@@ -177,17 +180,18 @@ def embed_slide_models(
             run.writer.finish(attributes)
     shared = {
         "models_in_job": stale,
-        "job_s": round(time.perf_counter() - clock["process"], 3),
+        "job_s": round(time.perf_counter() - started, 3),
         "device": str(device),
         "device_name": device_name(device),
         "batch_size": batch_size,
     }
-    metrics = {}
-    for key, run in zip(stale, runs, strict=True):
-        metrics[key] = _metrics(key, run, len(coords), timings, shared)
-        metrics[key]["embedding_key"] = keys[key]
+    metrics = {
+        key: _metrics(key, run, len(coords), timings, shared) | {"embedding_key": keys[key]}
+        for key, run in zip(stale, runs, strict=True)
+    }
+    for key, values in metrics.items():
         with atomic_output(outputs[key].metrics) as tmp:
-            tmp.write_text(json.dumps(metrics[key], indent=2) + "\n")
+            tmp.write_text(json.dumps(values, indent=2) + "\n")
     _log_done(slide_id, len(coords), timings, metrics, shared["job_s"])
     return metrics
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from conftest import ChannelGrid
+from safetensors.torch import save_file
 
 from slidesnake import load_embeddings
 from slidesnake.cohort.rule_params import embedding_params
@@ -287,3 +288,21 @@ def test_a_cohort_of_models_reruns_only_the_model_that_changed(workflow, rect_sl
     log = workflow.log("rect", "embed_tiles")
     assert "read once for models vit on" in log and "model third is current" in log
     assert "Nothing to be done" in workflow.run("--dry-run").stdout
+
+
+@pytest.mark.workflow
+def test_a_head_reads_the_model_it_names(workflow, rect_slide, tmp_path):
+    """With models:, head.model names the model the head was trained on: its width is
+    checked against that model, and its predictions go in that model's folder."""
+    head = tmp_path / "head.safetensors"
+    save_file({"weight": torch.randn(3, 64), "bias": torch.zeros(3)}, str(head))
+    workflow.sheet([("rect", rect_slide)])
+    vit = {"name": "timm:test_vit", "weights": "random"}
+    with_models(workflow, {"vit": vit, "h0": {"name": "h0-mini", "weights": "random"}})
+    unnamed = workflow.run("-n", "--config", f"head={{checkpoint: {head}}}", check=False)
+    assert "head.model None is not a key of models: (vit, h0)" in unnamed.stdout
+    h0 = workflow.run("-n", "--config", f"head={{checkpoint: {head}, model: h0}}", check=False)
+    assert "takes 64-d features but the model gives 768-d" in h0.stdout
+    planned = workflow.run("-n", "--config", f"head={{checkpoint: {head}, model: vit}}")
+    assert "results/slides/rect/vit/predictions.parquet" in planned.stdout
+    assert "rect/h0/predictions.parquet" not in planned.stdout

@@ -35,10 +35,9 @@ from slidesnake.cohort.summary import (
     write_cohort_summary,
 )
 from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
-from slidesnake.errors import SlidesnakeError
-from slidesnake.side_files import file_digest
 from slidesnake.embed.settings import model_configs
-from slidesnake.errors import ConfigError
+from slidesnake.errors import ConfigError, SlidesnakeError
+from slidesnake.side_files import file_digest
 from slidesnake.models.registry import check_model_config, model_spec
 
 

@@ -13,8 +13,10 @@ nvidia-smi -L | tee "$OUT/gpus.txt"
 # The pre-flight check's GPU lines (name, memory, driver, fp16 and bf16 tried on each GPU).
 "$PYTHON" -m slidesnake doctor --configfile config/demo.yaml 2>&1 | tee "$OUT/doctor.txt" || true
 
-# test_cuda.py, and the pipeline-equals-tiles-read-one-by-one tests on the GPU's path.
-"$PYTHON" -m pytest -q tests/test_cuda.py tests/test_embedding.py 2>&1 | tee "$OUT/tests.txt" || echo "TESTS FAILED: see $OUT/tests.txt"
+# test_cuda.py, and the pipeline-equals-tiles-read-one-by-one and several-models tests on
+# the GPU's path (CUDA events, the memory check, shared crops in float).
+"$PYTHON" -m pytest -q -m "not workflow" tests/test_cuda.py tests/test_embedding.py \
+    tests/test_model_list.py 2>&1 | tee "$OUT/tests.txt" || echo "TESTS FAILED: see $OUT/tests.txt"
 for precision in fp16 bf16; do
     "$PYTHON" -m slidesnake bench --model h-optimus-0 --weights random --precision "$precision" \
         --workers 4 8 16 --repeats 1 --end-to-end-s 10 --no-memory \

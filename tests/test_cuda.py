@@ -67,3 +67,30 @@ def test_a_checkpoint_loads_straight_onto_the_gpu(tmp_path):
         embedder(tiles).float().cpu(), reference(tiles), dim=1
     )
     assert cosine.min() > 0.99
+
+
+def test_models_of_one_job_on_the_gpu(tmp_path, blob_slide, blob_tiles, grid_model):  # noqa: F811
+    """Several models on the GPU: each model's features follow its CPU run (the GPU
+    resizes floats, the CPU uint8), their times come from CUDA events, and a share of
+    the GPU too small for them fails the slide before any model loads."""
+    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.errors import ModelError
+
+    models = {"grid": settings(grid_model), "small": settings(grid_model, input_size=112)}
+    params = {key: {"model": key} for key in models}
+    outputs = {}
+    for device in ("cpu", "cuda"):
+        out = {k: ModelOutputs(tmp_path / device / k / "e.zarr", tmp_path / device / k / "m.json")
+               for k in models}  # fmt: skip
+        metrics = embed_slide_models(
+            blob_slide, "s", blob_tiles, out, models, params, torch.device(device)
+        )
+        assert all(m["device"] == device and m["model_s"] > 0 for m in metrics.values())
+        outputs[device] = {k: load_embeddings(o.zarr)[0] for k, o in out.items()}
+    for key in models:
+        np.testing.assert_allclose(outputs["cuda"][key], outputs["cpu"][key], atol=0.02)
+    out = {k: ModelOutputs(tmp_path / "none" / k / "e.zarr", tmp_path / "none" / k / "m.json")
+           for k in models}  # fmt: skip
+    with pytest.raises(ModelError, match="split models: into runs of"):
+        embed_slide_models(blob_slide, "s", blob_tiles, out, models, params,
+                           torch.device("cuda"), jobs_on_gpu=10**6)  # fmt: skip

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from slidesnake.cohort.demo import write_demo_slides
@@ -173,27 +173,38 @@ def _embed(args: argparse.Namespace) -> None:
 
 
 def _embed_models(args: argparse.Namespace, out: Path) -> None:
-    """`embed --models FILE`: every model of the file from one read of the slide; the
-    model options of the command line are each entry's defaults."""
+    """`embed --models FILE`: every model of the file from one read of the slide, each
+    checked against the tiles as the workflow checks it; the model options of the
+    command line are each entry's defaults, a served entry's `remote:` its server."""
     import yaml
 
     from slidesnake.cohort.rule_params import embedding_params
     from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.embed.settings import model_configs
     from slidesnake.errors import ConfigError
+    from slidesnake.models.registry import check_model_config
     from slidesnake.remote.model_run import RemoteRun
+    from slidesnake.tiling.tile_table import read_tiles
 
     entries = yaml.safe_load(args.models.read_text())
     entries = entries.get("models", entries) if isinstance(entries, dict) else None
     if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
         raise ConfigError(f"{args.models} is not a mapping of model keys to model sections")
     base = _settings(args)
-    defaults = {"name": base.model, "checkpoint": base.checkpoint, "weights": base.weights,
-                "precision": base.precision, "batch_size": base.batch_size}  # fmt: skip
-    configs = {
-        key: {"model": defaults | entry, "loader": {"workers": base.workers},
-              "output": {"dtype": base.output_dtype}}
-        for key, entry in entries.items()
-    }  # fmt: skip
+    model = {"name": base.model, "checkpoint": base.checkpoint, "weights": base.weights,
+             "precision": base.precision, "batch_size": base.batch_size}  # fmt: skip
+    remote = {"url": None, "model": None}
+    remote |= {f.name: f.default for f in fields(RemoteSettings) if f.name not in remote}
+    for entry in entries.values():
+        entry |= {"remote": remote | entry["remote"]} if "remote" in entry else {}
+    configs = model_configs({
+        "models": {key: model | entry for key, entry in entries.items()}, "remote": remote,
+        "loader": {"workers": base.workers}, "output": {"dtype": base.output_dtype},
+    })  # fmt: skip
+    geometry = read_tiles(args.tiles)[1]
+    for key, config in configs.items():
+        tiles = {"size": geometry.size, "mpp": geometry.target_mpp}
+        check_model_config(config["model"], tiles, config["remote"], key)
     embed_slide_models(
         args.slide,
         Path(args.slide).stem,

@@ -24,7 +24,7 @@ def test_embed_then_export_from_the_command_line(tmp_path, blob_slide):
         np.testing.assert_array_equal(f["coords"][:], coords)
 
 
-def test_a_model_list_from_the_command_line_and_one_model_exported(tmp_path, blob_slide):
+def test_a_model_list_from_the_command_line_and_one_model_exported(tmp_path, blob_slide, capfd):
     main(["mask", str(blob_slide), str(tmp_path)])
     main(["tiles", str(blob_slide), str(tmp_path)])
     listing = tmp_path / "models.yaml"
@@ -38,9 +38,17 @@ def test_a_model_list_from_the_command_line_and_one_model_exported(tmp_path, blo
     main(["export-h5", str(tmp_path), str(tmp_path / "vit.h5"), "--model", "vit"])
     with h5py.File(tmp_path / "vit.h5") as f:
         np.testing.assert_array_equal(f["features"][:], vit)
-    listing.write_text("- not a mapping\n")
-    with pytest.raises(SystemExit):
-        main(["embed", str(blob_slide), str(tmp_path / "tiles.parquet"), str(tmp_path), *defaults])
+    embed = ["embed", str(blob_slide), str(tmp_path / "tiles.parquet"), str(tmp_path), *defaults]
+    for listing_text, said in (
+        ("- not a mapping\n", "is not a mapping of model keys to model sections"),
+        ("served: {backend: remote, remote: {model: vit}}\n",
+         "models.served.backend remote needs models.served.remote.url"),
+        ("big: {name: 'timm:test_vit', input_size: 448, input_mpp: 0.5}\n", "set tiles.size: 448"),
+    ):  # fmt: skip
+        listing.write_text(listing_text)
+        with pytest.raises(SystemExit):
+            main(embed)
+        assert said in capfd.readouterr().err
 
 
 @pytest.mark.slow  # every stage of the benchmark, in rounds

@@ -27,7 +27,7 @@ from slidesnake.embed.model_list import (
     weights_bytes,
 )
 from slidesnake.embed.settings import EmbedSettings
-from slidesnake.errors import ConfigError, ModelError
+from slidesnake.errors import ConfigError, ModelError, NonFiniteError
 from slidesnake.models.registry import check_model_config, model_input, model_spec
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
@@ -306,3 +306,28 @@ def test_a_head_reads_the_model_it_names(workflow, rect_slide, tmp_path):
     planned = workflow.run("-n", "--config", f"head={{checkpoint: {head}, model: vit}}")
     assert "results/slides/rect/vit/predictions.parquet" in planned.stdout
     assert "rect/h0/predictions.parquet" not in planned.stdout
+
+
+class NotFinite(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((x.shape[0], 8), float("nan"))
+
+
+def test_a_model_that_fails_loses_no_other_models_outputs(
+    rect_slide, tiled, grid_program, tmp_path
+):
+    """A model whose features are not finite fails the job with its reason; the model
+    that was current keeps its outputs as they were, and nothing half-written is left."""
+    broken = tmp_path / "not_finite.pt"
+    torch.jit.save(torch.jit.script(NotFinite()), str(broken))
+    grid = two_models(grid_program)["grid"]
+    out = outputs(tmp_path / "out", ["grid", "broken"])
+    embed_slide_models(rect_slide, "rect", tiled, out, {"grid": grid}, params({"grid": grid}))
+    kept = out["grid"].metrics.read_text()
+    models = {"grid": grid, "broken": replace(grid, checkpoint=str(broken))}
+    with pytest.raises(NonFiniteError, match="NaN or infinite"):
+        embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+    assert out["grid"].metrics.read_text() == kept
+    assert load_embeddings(out["grid"].zarr)[0].shape == (80, 48)
+    assert not out["broken"].zarr.exists() and not out["broken"].metrics.exists()
+    assert [p.name for p in (tmp_path / "out").rglob(".*tmp-*")] == []

@@ -24,7 +24,7 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
-from slidesnake.embed.records import peak_memory_mb, slide_attributes
+from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -144,6 +144,7 @@ class ModelRun:
     embedder: Embedder
     writer: EmbeddingWriter
     output_dtype: str
+    timed: bool = False  # its own time (model_s), for the models of one job
     seconds: float = 0.0
     _events: list = field(default_factory=list)
     _in_flight: tuple | None = None  # the previous batch, its copy to the host under way
@@ -168,6 +169,8 @@ class ModelRun:
         """The batch's features, their copy to the host started. With `shaped` (by input
         key, for the models of one job), a crop and resize another model made of this
         batch is used, and one made here is kept for the others."""
+        if not self.timed:
+            return self._embed(tiles, shaped)
         if tiles.device.type != "cuda":
             started = time.perf_counter()
             copied = self._embed(tiles, shaped)
@@ -340,14 +343,9 @@ def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, ti
 def _metrics(
     tiles: int, timings, startup: dict[str, float], embedder: Embedder, settings, device
 ) -> dict[str, Any]:
-    wall = timings["wall_s"]
     cuda = device.type == "cuda"
     return {
-        "tiles": tiles,
-        "wall_s": round(wall, 3),
-        "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
-        "loader_wait_s": round(timings["loader_wait_s"], 3),
-        "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
+        **loop_rates(tiles, timings),
         **{key: round(seconds, 3) for key, seconds in startup.items()},
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         "device": str(device),

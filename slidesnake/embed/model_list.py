@@ -27,7 +27,7 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.loop import ModelRun, device_name, run_models, slide_device
-from slidesnake.embed.records import peak_memory_mb, slide_attributes
+from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter, open_embeddings
@@ -54,20 +54,26 @@ class ModelOutputs:
     metrics: Path
 
 
-def embedding_key(params: dict[str, Any], tiles_path: str | Path, slide_path: str | Path) -> str:
-    """What a model's embeddings of a slide depend on, as one digest: its params (as the
-    rule has them), the tile table's bytes and the slide's size and modification time."""
+def embedding_keys(
+    params: dict[str, dict[str, Any]], tiles_path: str | Path, slide_path: str | Path
+) -> dict[str, str]:
+    """What each model's embeddings of a slide depend on, as one digest per key: its
+    params (as the rule has them), the tile table's bytes and the slide's size and
+    modification time."""
     try:
         status = os.stat(slide_path)
         slide = [status.st_size, status.st_mtime_ns]
     except OSError:
         slide = "missing"  # the read then fails the job with the slide's own error
-    identity = {
-        "params": params,
-        "tiles_sha256": hashlib.sha256(Path(tiles_path).read_bytes()).hexdigest(),
-        "slide": slide,
+    tiles = hashlib.sha256(Path(tiles_path).read_bytes()).hexdigest()
+    return {
+        key: hashlib.sha256(
+            json.dumps(
+                {"params": p, "tiles_sha256": tiles, "slide": slide}, sort_keys=True
+            ).encode()
+        ).hexdigest()
+        for key, p in params.items()
     }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def is_current(outputs: ModelOutputs, key: str) -> bool:
@@ -133,7 +139,7 @@ def embed_slide_models(
     spec, input, slide_id)`: the run of a served model (`remote.model_run.RemoteRun`,
     given by the caller: the remote backend builds on this room, not the reverse)."""
     started = process_started()
-    keys = {key: embedding_key(params[key], tiles_path, slide_path) for key in settings}
+    keys = embedding_keys({key: params[key] for key in settings}, tiles_path, slide_path)
     stale = [key for key in settings if not is_current(outputs[key], keys[key])]
     for key in settings.keys() - set(stale):
         log.info("slide '%s': model %s is current; not embedded again", slide_id, key)
@@ -211,7 +217,7 @@ def _open(wanted: tuple, settings: EmbedSettings, device, slide_id: str, open_se
 def _run(model, writer: EmbeddingWriter, dtype: str):
     """The part of the loop of an opened model, writing into `writer`."""
     if isinstance(model, Embedder):
-        return ModelRun(model, writer, dtype)
+        return ModelRun(model, writer, dtype, timed=True)
     model.writer = writer
     return model
 
@@ -257,7 +263,7 @@ def _attributes(slide_path, slide_id, geometry, key: str, run, settings) -> dict
 def _metrics(key: str, run, tiles: int, timings, job: dict) -> dict:
     """One model's metrics: its own time and tiles/s, and the job's (the read, the loop's
     wait for data, the start-up), which every model of the job shares."""
-    wall, model_s = timings["wall_s"], run.model_s()
+    model_s = run.model_s()
     if isinstance(run, ModelRun):
         own = {
             **{name: round(seconds, 3) for name, seconds in run.embedder.load_s.items()},
@@ -268,11 +274,7 @@ def _metrics(key: str, run, tiles: int, timings, job: dict) -> dict:
     else:
         own = {"model": run.spec.name, "backend": "remote", **run.metrics()}
     return {
-        "tiles": tiles,
-        "wall_s": round(wall, 3),
-        "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
-        "loader_wait_s": round(timings["loader_wait_s"], 3),
-        "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
+        **loop_rates(tiles, timings),
         "model_s": round(model_s, 3),
         "model_tiles_per_s": round(tiles / model_s, 2) if model_s > 0 else 0.0,
         "startup_s": round(timings["startup_s"], 3),

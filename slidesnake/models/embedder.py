@@ -29,7 +29,7 @@ from slidesnake.models.checkpoints import (
     load_program,
     load_state_dict,
 )
-from slidesnake.models.input_pixels import normalisation
+from slidesnake.models.input_pixels import centre_box, normalisation
 from slidesnake.models.pt2_archive import declared_width
 from slidesnake.models.registry import ModelSpec, weights_source
 
@@ -120,14 +120,10 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def centre(x: torch.Tensor, field: float) -> torch.Tensor:
-    """The centre `field` of (B, 3, h, w) tiles' sides, a view: the part a model that sees
-    less than the tile takes (the same pixels a read of just that part would give, when
-    the offset is a whole number of pixels)."""
-    height, width = x.shape[-2:]
-    side_y, side_x = round(height * field), round(width * field)
-    top, left = (height - side_y) // 2, (width - side_x) // 2
-    return x[..., top : top + side_y, left : left + side_x]
+def centre(x: torch.Tensor, crop: float) -> torch.Tensor:
+    """The centre `crop` of (B, 3, h, w) tiles' sides, a view (the same pixels a read of
+    just that part would give, when the offset is a whole number of pixels)."""
+    return x[(..., *centre_box(*x.shape[-2:], crop))]
 
 
 def resize_tiles(x: torch.Tensor, size: int) -> torch.Tensor:

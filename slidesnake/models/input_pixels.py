@@ -24,6 +24,14 @@ def normalisation(spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
     return np.float32(1.0) / (np.float32(255.0) * std), shift
 
 
+def centre_box(height: int, width: int, crop: float) -> tuple[slice, slice]:
+    """(rows, columns) of the centre `crop` of an h x w tile's sides: the part a model that
+    sees less than the tile takes, cut alike on the device and for a served model."""
+    side_y, side_x = round(height * crop), round(width * crop)
+    top, left = (height - side_y) // 2, (width - side_x) // 2
+    return slice(top, top + side_y), slice(left, left + side_x)
+
+
 def resize_tiles_uint8(tiles: np.ndarray, size: int) -> np.ndarray:
     """uint8 (B, h, w, 3) tiles to (B, size, size, 3), tile by tile (Pillow releases the
     GIL while it resizes, so request threads resize in parallel)."""

@@ -20,8 +20,8 @@ import numpy as np
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
-from slidesnake.embed.records import peak_memory_mb, slide_attributes
-from slidesnake.embed.settings import EmbedSettings
+from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
+from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.loader.batches import BatchStream, TileBatches
@@ -171,6 +171,26 @@ def _run(
     }
 
 
+def server_metrics(
+    client: InferenceClient, metadata: ModelMetadata, remote: RemoteSettings
+) -> dict[str, Any]:
+    """The server's part of a served model's metrics: where, requests, latencies."""
+    latencies = np.asarray(client.latencies_s or [0.0])
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    return {
+        "server_url": client.url,
+        "server_model": metadata.name,
+        "server_model_versions": list(metadata.versions),
+        "requests": len(client.latencies_s),
+        "retries": client.retries,
+        "latency_p50_s": round(float(p50), 4),
+        "latency_p90_s": round(float(p90), 4),
+        "latency_p99_s": round(float(p99), 4),
+        "latency_max_s": round(float(latencies.max()), 4),
+        "max_concurrency": remote.max_concurrency,
+    }
+
+
 def model_attributes(
     client: InferenceClient, metadata: ModelMetadata, spec: ModelSpec, dim: int, settings
 ) -> dict[str, Any]:
@@ -190,30 +210,14 @@ def model_attributes(
 def _metrics(
     tiles: int, timings: dict, client: InferenceClient, metadata: ModelMetadata, settings
 ) -> dict[str, Any]:
-    wall = timings["wall_s"]
-    latencies = np.asarray(client.latencies_s or [0.0])
-    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
     return {
-        "tiles": tiles,
-        "wall_s": round(wall, 3),
-        "tiles_per_s": round(tiles / wall, 2) if wall > 0 else 0.0,
-        "loader_wait_s": round(timings["loader_wait_s"], 3),
-        "loader_wait_fraction": round(timings["loader_wait_s"] / wall, 4) if wall > 0 else 0.0,
+        **loop_rates(tiles, timings),
         "server_wait_s": round(timings["server_wait_s"], 3),
         "startup_s": round(timings["startup_s"], 3),
         "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
         "backend": "remote",
         "model": settings.model,
-        "server_url": client.url,
-        "server_model": metadata.name,
-        "server_model_versions": list(metadata.versions),
-        "requests": len(client.latencies_s),
-        "retries": client.retries,
-        "latency_p50_s": round(float(p50), 4),
-        "latency_p90_s": round(float(p90), 4),
-        "latency_p99_s": round(float(p99), 4),
-        "latency_max_s": round(float(latencies.max()), 4),
-        "max_concurrency": settings.remote.max_concurrency,
+        **server_metrics(client, metadata, settings.remote),
         "batch_size": settings.remote.batch_size,
         "loader_workers": settings.workers,
         **peak_memory_mb(),

@@ -16,10 +16,11 @@ import numpy as np
 
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.store import EmbeddingWriter
+from slidesnake.models.input_pixels import centre_box
 from slidesnake.models.registry import ModelInput, ModelSpec
 from slidesnake.remote.client import InferenceClient
 from slidesnake.remote.layout import choose_layout
-from slidesnake.remote.loop import model_attributes, probe_width, send_tiles
+from slidesnake.remote.loop import model_attributes, probe_width, send_tiles, server_metrics
 
 
 class RemoteRun:
@@ -78,24 +79,9 @@ class RemoteRun:
         return model_attributes(self.client, self.metadata, self.spec, self.dim, self.settings)
 
     def metrics(self) -> dict[str, Any]:
-        latencies = np.asarray(self.client.latencies_s or [0.0])
-        p50, p99 = np.percentile(latencies, [50, 99])
-        return {
-            "server_url": self.client.url,
-            "server_model": self.metadata.name,
-            "requests": len(self.client.latencies_s),
-            "retries": self.client.retries,
-            "latency_p50_s": round(float(p50), 4),
-            "latency_p99_s": round(float(p99), 4),
-            "max_concurrency": self.settings.remote.max_concurrency,
-        }
+        return server_metrics(self.client, self.metadata, self.settings.remote)
 
 
 def _centre(pixels: np.ndarray, crop: float) -> np.ndarray:
     """The centre `crop` of (B, h, w, 3) tiles' sides, as the local backend cuts it."""
-    if crop >= 1.0:
-        return pixels
-    height, width = pixels.shape[1:3]
-    side_y, side_x = round(height * crop), round(width * crop)
-    top, left = (height - side_y) // 2, (width - side_x) // 2
-    return pixels[:, top : top + side_y, left : left + side_x]
+    return pixels if crop >= 1.0 else pixels[(slice(None), *centre_box(*pixels.shape[1:3], crop))]

@@ -33,7 +33,7 @@ from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter, open_embeddings
 from slidesnake.errors import ConfigError, EmbeddingsError, ModelError
 from slidesnake.loader.batches import TileBatches
-from slidesnake.models.embedder import Embedder, build_embedder, parameter_count
+from slidesnake.models.embedder import DTYPES, Embedder, build_embedder, parameter_count
 from slidesnake.models.registry import ModelInput, ModelSpec, model_input, model_spec
 from slidesnake.tiling.grid import TileGeometry
 from slidesnake.tiling.tile_table import read_tiles
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 # What a model needs on a GPU beyond its weights: activations of a batch, the allocator's
 # slack. Generous on purpose: the check is there to refuse a list that cannot fit.
 ACTIVATION_BYTES = 2 * 2**30
-BYTES_PER_WEIGHT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -66,14 +65,12 @@ def embedding_keys(
     except OSError:
         slide = "missing"  # the read then fails the job with the slide's own error
     tiles = hashlib.sha256(Path(tiles_path).read_bytes()).hexdigest()
-    return {
-        key: hashlib.sha256(
-            json.dumps(
-                {"params": p, "tiles_sha256": tiles, "slide": slide}, sort_keys=True
-            ).encode()
-        ).hexdigest()
-        for key, p in params.items()
-    }
+
+    def digest(model: dict[str, Any]) -> str:
+        identity = {"params": model, "tiles_sha256": tiles, "slide": slide}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+    return {key: digest(model) for key, model in params.items()}
 
 
 def is_current(outputs: ModelOutputs, key: str) -> bool:
@@ -90,7 +87,7 @@ def weights_bytes(spec: ModelSpec, settings: EmbedSettings) -> int:
     or a program's file size."""
     if spec.architecture is None:
         return Path(settings.checkpoint).stat().st_size if settings.checkpoint else 0
-    return parameter_count(spec) * BYTES_PER_WEIGHT[settings.precision]
+    return parameter_count(spec) * DTYPES[settings.precision].itemsize
 
 
 def check_memory(needs: dict[str, int], free: int, total: int, jobs_on_gpu: int = 1) -> None:

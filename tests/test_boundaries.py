@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "tiling": {"slides", "errors", "atomic", "side_files"},
     "loader": {"slides", "tiling", "errors"},
     "models": {"errors", "atomic", "side_files"},
-    "embed": {"loader", "models", "tiling", "errors", "atomic", "finite"},
+    "embed": {"loader", "slides", "models", "tiling", "errors", "atomic", "finite"},
     "cohort": {
         "slides",
         "tiling",

@@ -106,7 +106,7 @@ def delivered(tiles_path: Path, slide: Path, workers: int, batch: int):
         for row, tile in zip(rows.tolist(), pixels, strict=True):
             assert row not in got
             got[row] = tile.copy()
-    return coords, geometry, got, stream.decoded
+    return coords, geometry, got, stream.reads()["compressed_tiles_decoded"]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -56,11 +56,19 @@ def warm_modules(function: str, job: Any) -> tuple[str, ...]:
     return {"make_tissue_mask": TILING, "make_tile_coords": TILING}.get(function, AGGREGATE)
 
 
+def _read_slides_as_configured(job: Any) -> None:
+    """Slides in stores are read with the run's `storage:` section in this job."""
+    from slidesnake.slides.stores import configure
+
+    configure(job.config["storage"])
+
+
 def make_tissue_mask(job: Any) -> None:
     from slidesnake.tiling.artefacts import ArtefactParams
     from slidesnake.tiling.stages import make_tissue_mask
     from slidesnake.tiling.tissue import TissueParams
 
+    _read_slides_as_configured(job)
     run_job(
         lambda: make_tissue_mask(
             slide_path=job.params.slide,
@@ -81,6 +89,8 @@ def make_tile_coords(job: Any) -> None:
     from slidesnake.tiling.grid import TileParams
     from slidesnake.tiling.regions import read_regions
     from slidesnake.tiling.stages import make_tile_coords
+
+    _read_slides_as_configured(job)
 
     def tile() -> None:
         slide_id, roi = job.wildcards.slide_id, job.params.tiles.get("roi")
@@ -110,6 +120,8 @@ def embed_tiles(job: Any) -> None:
     the inference server."""
     from slidesnake.embed.gpu_slots import claim_gpu
     from slidesnake.embed.settings import EmbedSettings, model_configs
+
+    _read_slides_as_configured(job)
 
     def embed() -> None:
         models = model_configs(job.config)

@@ -19,6 +19,7 @@ import pandas as pd
 from slidesnake.errors import SampleSheetError
 from slidesnake.side_files import side_file_problem
 from slidesnake.slides.mpp import PLAUSIBLE_MPP
+from slidesnake.slides.stores import is_url, location
 
 # Slide ids become directory names under results/slides/: letters, digits, '.', '_', '-',
 # starting with a letter, digit or '_' (not an option, not hidden), no '..', and short
@@ -62,9 +63,11 @@ def sheet_warnings(sheet: pd.DataFrame, base_dir: str | Path = ".") -> list[str]
     warnings = [
         f"slide '{slide_id}': file not found: {path}; its jobs will fail, the others run"
         for slide_id, path in zip(sheet["slide_id"], sheet["path"], strict=True)
-        if not (Path(base_dir) / path).exists()
+        if not is_url(path) and not (Path(base_dir) / path).exists()
     ]
-    resolved = pd.Series([os.path.realpath(Path(base_dir) / p) for p in sheet["path"]])
+    resolved = pd.Series(
+        [location(p) if is_url(p) else os.path.realpath(Path(base_dir) / p) for p in sheet["path"]]
+    )
     for shared in resolved[resolved.duplicated()].unique():
         ids = sheet["slide_id"][(resolved == shared).to_numpy()].tolist()
         warnings.append(f"slides {ids} are the same file {shared}")
@@ -96,6 +99,8 @@ def _path_problems(row: int, slide_id: str, record, base_dir: Path) -> list[str]
     problems = []
     for column in ("path", "roi", "coords"):
         path = getattr(record, column).strip()
+        if column == "path" and is_url(path):
+            continue  # read in place: what the store says is checked once per run
         problem = side_file_problem(base_dir / path) if path else None
         if problem is not None and problem != "file not found":
             what = "" if column == "path" else f"{column} "

@@ -2,6 +2,6 @@
 the loader to the model (or to several, from one read), the zarr store it writes,
 progress and watchdog logging, and the GPU slot a job claims before CUDA starts.
 
-Imports `loader`, `models`, `tiling` (the tile table), `errors`, `atomic` and `finite`;
-never the cohort glue.
+Imports `loader`, `slides` (a slide's size and version, wherever it is kept), `models`,
+`tiling` (the tile table), `errors`, `atomic` and `finite`; never the cohort glue.
 """

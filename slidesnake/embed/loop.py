@@ -24,7 +24,7 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
-from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
+from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -249,7 +249,7 @@ def run_models(
         "wall_s": ended - started,
         "loader_wait_s": waited,
         "first_batch_at": first_batch_at or ended,
-        "compressed_tiles_decoded": batches.decoded,
+        **batches.reads(),
     }
 
 
@@ -347,7 +347,7 @@ def _metrics(
     return {
         **loop_rates(tiles, timings),
         **{key: round(seconds, 3) for key, seconds in startup.items()},
-        "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
+        **read_counts(timings),
         "device": str(device),
         "device_name": device_name(device),
         "precision": str(embedder.dtype).removeprefix("torch."),

@@ -27,14 +27,15 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.loop import ModelRun, device_name, run_models, slide_device
-from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
+from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter, open_embeddings
-from slidesnake.errors import ConfigError, EmbeddingsError, ModelError
+from slidesnake.errors import ConfigError, EmbeddingsError, ModelError, SlideError
 from slidesnake.loader.batches import TileBatches
 from slidesnake.models.embedder import DTYPES, Embedder, build_embedder, parameter_count
 from slidesnake.models.registry import ModelInput, ModelSpec, model_input, model_spec
+from slidesnake.slides import stores
 from slidesnake.tiling.grid import TileGeometry
 from slidesnake.tiling.tile_table import read_tiles
 
@@ -58,11 +59,15 @@ def embedding_keys(
 ) -> dict[str, str]:
     """What each model's embeddings of a slide depend on, as one digest per key: its
     params (as the rule has them), the tile table's bytes and the slide's size and
-    modification time."""
+    modification time (in a store, its size and version)."""
     try:
-        status = os.stat(slide_path)
-        slide = [status.st_size, status.st_mtime_ns]
-    except OSError:
+        if stores.is_url(slide_path):
+            stat = stores.stat_slide(slide_path, "")
+            slide = [stat.size, stat.version]
+        else:
+            status = os.stat(slide_path)
+            slide = [status.st_size, status.st_mtime_ns]
+    except (OSError, SlideError):
         slide = "missing"  # the read then fails the job with the slide's own error
     tiles = hashlib.sha256(Path(tiles_path).read_bytes()).hexdigest()
 
@@ -275,7 +280,7 @@ def _metrics(key: str, run, tiles: int, timings, job: dict) -> dict:
         "model_s": round(model_s, 3),
         "model_tiles_per_s": round(tiles / model_s, 2) if model_s > 0 else 0.0,
         "startup_s": round(timings["startup_s"], 3),
-        "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
+        **read_counts(timings),
         **job,
         "model_key": key,
         **own,

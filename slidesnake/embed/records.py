@@ -10,22 +10,36 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from slidesnake.slides import stores
 from slidesnake.tiling.grid import TileGeometry
 
 
 def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
     """The zarr attributes that say which slide and which tiles, whatever the backend."""
-    stat = Path(slide_path).stat()
+    if stores.is_url(slide_path):  # never the URL as given: it may hold credentials
+        stat = stores.stat_slide(slide_path, slide_id)
+        where = {"slide_path": stores.location(slide_path), "slide_version": stat.version}
+        size, mtime = stat.size, None
+    else:
+        status = Path(slide_path).stat()
+        where = {"slide_path": str(Path(slide_path).resolve())}
+        size, mtime = status.st_size, status.st_mtime
     return {
         "slide_id": slide_id,
-        "slide_path": str(Path(slide_path).resolve()),
-        "slide_bytes": stat.st_size,
-        "slide_mtime": stat.st_mtime,
+        **where,
+        "slide_bytes": size,
+        "slide_mtime": mtime,
         **{f"tile_{k}": v for k, v in asdict(geometry).items()},
         "patch_size_level0": geometry.size_level0,
         "target_mpp": geometry.target_mpp,
         "slidesnake_version": version("slidesnake"),
     }
+
+
+def read_counts(timings: dict[str, Any]) -> dict[str, int]:
+    """What the loader read, as metrics.json says it: compressed tiles decoded, and the
+    bytes and requests that brought them (and, for a slide in a store, its index)."""
+    return {key: timings[key] for key in ("compressed_tiles_decoded", "bytes_read", "requests")}
 
 
 def loop_rates(tiles: int, timings: dict[str, float]) -> dict[str, float]:

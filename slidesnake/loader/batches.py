@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from slidesnake.loader.batch_ring import BatchRing
 from slidesnake.loader.cells import plan_cells
 from slidesnake.loader.readers import CompressedTiles, RegionReads
 from slidesnake.loader.workers import LoaderWorkers
+from slidesnake.slides import stores
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileGeometry
 
@@ -63,14 +66,20 @@ class TileBatches:
         batch_size: int,
         block: int = 4,
     ) -> None:
-        self.slide_path = Path(slide_path)
+        self.slide_path = slide_path
         self.slide_id = slide_id
         self.coords = coords
         self.geometry = geometry
         self.plan = ReadPlan.from_geometry(geometry)
         self.batch_size = batch_size
-        with self._open() as slide:
-            grid = tile_reader(slide, self.plan, coords)[0].tile_grid
+        # A slide read in place is kept for the workers: it holds no OpenSlide handle,
+        # and its index cost requests that the workers need not repeat.
+        self._slide: Slide | None = self._open()
+        grid = tile_reader(self._slide, self.plan, coords)[0].tile_grid
+        self.planning_io = self._slide.io_counts()
+        if not self._slide.in_place:
+            self._slide.close()
+            self._slide = None
         step = round(geometry.stride_level0 / self.plan.downsample)
         grid_xy = coords // geometry.stride_level0
         self.cells = plan_cells(grid_xy, step, self.plan.tile_px, grid, block)
@@ -95,9 +104,14 @@ class TileBatches:
         so far)."""
         rows = np.empty(self.batch_size, np.int64)
         filled, slot = 0, None
-        with self._open() as slide:
+        with self._worker_slide() as slide:
             reader, positions = tile_reader(slide, self.plan, self.coords)
-            for cell in self.cells[lane::lanes]:
+            counts = _Counts(slide, reader)
+            cells = self.cells[lane::lanes]
+            ahead = self._cells_ahead(slide)
+            for index, cell in enumerate(cells):
+                if ahead and index % ahead == 0:
+                    reader.prefetch(positions[np.concatenate(cells[index : index + ahead])])
                 tiles = reader.open_cell(positions[cell])
                 for i, row in enumerate(cell):
                     if slot is None:
@@ -106,10 +120,50 @@ class TileBatches:
                     rows[filled] = row
                     filled += 1
                     if filled == self.batch_size:
-                        yield rows.copy(), slot, reader.decoded
+                        yield rows.copy(), slot, counts.now()
                         filled, slot = 0, None
             if filled:
-                yield rows[:filled].copy(), slot, reader.decoded
+                yield rows[:filled].copy(), slot, counts.now()
+
+    def _worker_slide(self) -> AbstractContextManager[Slide]:
+        """The slide as this process reads it: the planning one where it crosses a fork,
+        else a handle of its own (OpenSlide handles must not cross a fork)."""
+        return nullcontext(self._slide) if self._slide is not None else self._open()
+
+    def _cells_ahead(self, slide: Slide) -> int:
+        """Cells whose compressed tiles a worker fetches in one round: in place, enough
+        for `storage.readahead_tiles` tiles; from disk none (the page cache reads ahead)."""
+        if not slide.in_place or not self.cells:
+            return 0
+        per_cell = max(1, len(self.coords) // len(self.cells))
+        return max(1, stores.settings().readahead_tiles // per_cell)
+
+    def close(self) -> None:
+        if self._slide is not None:
+            self._slide.close()
+            self._slide = None
+
+
+class ReadCounts(NamedTuple):
+    """A worker's reading so far: compressed tiles decoded (0 where OpenSlide reads),
+    bytes read and requests made for them."""
+
+    decoded: int
+    bytes_read: int
+    requests: int
+
+
+class _Counts:
+    """A worker's `ReadCounts`, from when it started (a forked worker inherits the
+    planning process's counters)."""
+
+    def __init__(self, slide: Slide, reader: CompressedTiles | RegionReads):
+        self.slide, self.reader = slide, reader
+        self.start = slide.io_counts()
+
+    def now(self) -> ReadCounts:
+        bytes_read, requests = self.slide.io_counts()
+        return ReadCounts(self.reader.decoded, bytes_read - self.start[0], requests - self.start[1])
 
 
 class BatchStream:
@@ -119,17 +173,23 @@ class BatchStream:
     manager) to stop the workers early; it closes itself after the last batch."""
 
     def __init__(self, dataset: TileBatches, workers: int):
-        self.ring = dataset.ring
+        self.ring, self._dataset = dataset.ring, dataset
         self._workers = LoaderWorkers(dataset.tickets, workers) if workers else None
         self._in_process = None if workers else dataset.tickets(0, 1)
         self._turns = deque(range(max(workers, 1)))  # lanes that still have batches
         self._held: int | None = None
-        self._decoded: dict[int, int] = {}
+        self._planning = dataset.planning_io
+        self._counts: dict[int, ReadCounts] = {}
 
-    @property
-    def decoded(self) -> int:
-        """Compressed slide tiles decoded so far by all workers (0 where OpenSlide reads)."""
-        return sum(self._decoded.values())
+    def reads(self) -> dict[str, int]:
+        """What all workers read so far, for metrics.json: compressed tiles decoded (0
+        where OpenSlide reads), and bytes and requests for them and the slide's index."""
+        counts = self._counts.values()
+        return {
+            "compressed_tiles_decoded": sum(c.decoded for c in counts),
+            "bytes_read": self._planning[0] + sum(c.bytes_read for c in counts),
+            "requests": self._planning[1] + sum(c.requests for c in counts),
+        }
 
     def __iter__(self) -> BatchStream:
         return self
@@ -147,13 +207,13 @@ class BatchStream:
                 raise
             if ticket is not None:
                 self._turns.append(lane)
-                rows, slot, decoded = ticket
-                self._held, self._decoded[lane] = lane, decoded
+                rows, slot, counts = ticket
+                self._held, self._counts[lane] = lane, counts
                 return rows, self.ring.view(lane, slot, len(rows))
         self.close()
         raise StopIteration
 
-    def _receive(self, lane: int) -> tuple[np.ndarray, int, int] | None:
+    def _receive(self, lane: int) -> tuple[np.ndarray, int, ReadCounts] | None:
         if self._workers is not None:
             return self._workers.receive(lane)
         return next(self._in_process, None)
@@ -162,6 +222,7 @@ class BatchStream:
         self._turns.clear()
         if self._workers is not None:
             self._workers.close()
+        self._dataset.close()
         if self._in_process is not None:
             self._in_process.close()
 

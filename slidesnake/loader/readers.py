@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from slidesnake.errors import SlideError
 from slidesnake.slides.slide import Slide
 from slidesnake.slides.tiff_tiles import TiledLevel
 
@@ -36,9 +37,15 @@ class CompressedTiles:
         self.decoded += 1
         try:
             return self.tiled.decode(row, col, self.spare.pop() if self.spare else None)
+        except SlideError:
+            raise  # the store's failure, already said
         except Exception as err:
             x, y = col * self.tiled.tile_width, row * self.tiled.tile_height
             raise self.slide.read_error(self.level, x * self.scale, y * self.scale, err) from None
+
+    def prefetch(self, xy: np.ndarray) -> None:
+        """Fetch ahead the compressed tiles of the tiles at `xy` (a slide in a store)."""
+        self.tiled.prefetch(sorted(self.needed(xy)))
 
     def needed(self, xy: np.ndarray) -> set[tuple[int, int]]:
         """(row, col) of every compressed tile that the tiles at `xy` overlap."""
@@ -88,6 +95,9 @@ class RegionReads:
 
     def open_cell(self, xy: np.ndarray) -> _RegionCell:
         return _RegionCell(self, xy)
+
+    def prefetch(self, xy: np.ndarray) -> None:
+        """Nothing to fetch ahead: each cell is one read."""
 
 
 class _RegionCell:

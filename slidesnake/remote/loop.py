@@ -20,7 +20,7 @@ import numpy as np
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
-from slidesnake.embed.records import loop_rates, peak_memory_mb, slide_attributes
+from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -167,7 +167,7 @@ def _run(
         "loader_wait_s": loader_wait,
         "server_wait_s": slot_wait,
         "first_batch_at": first_batch_at or ended,
-        "compressed_tiles_decoded": batches.decoded,
+        **batches.reads(),
     }
 
 
@@ -214,7 +214,7 @@ def _metrics(
         **loop_rates(tiles, timings),
         "server_wait_s": round(timings["server_wait_s"], 3),
         "startup_s": round(timings["startup_s"], 3),
-        "compressed_tiles_decoded": timings["compressed_tiles_decoded"],
+        **read_counts(timings),
         "backend": "remote",
         "model": settings.model,
         **server_metrics(client, metadata, settings.remote),

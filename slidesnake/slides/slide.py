@@ -1,10 +1,11 @@
 """An open whole-slide image: levels, resolution and RGB pixel reads.
 
-OpenSlide opens every format it supports; this class adds what the workflow needs on top:
-a resolved mpp, level choice by resolution, RGB numpy arrays with transparent areas as
-white background, and errors that name the slide. Reads of tiled JPEG and JPEG 2000 TIFF
-levels skip OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives OpenSlide's
-own pixels.
+OpenSlide opens every format it supports from local disk; a URL (s3://, gs://, https://)
+is a TIFF slide read in place (see in_place_tiff). This class adds what the workflow needs
+on top: a resolved mpp, level choice by resolution, RGB numpy arrays with transparent
+areas as white background, and errors that name the slide. Reads of tiled JPEG and JPEG
+2000 TIFF levels skip OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives
+OpenSlide's own pixels; a slide read in place is read that way only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import openslide
 
-from slidesnake.errors import SlideOpenError, SlideReadError
+from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
+from slidesnake.slides import stores
+from slidesnake.slides.in_place_tiff import open_in_place
 from slidesnake.slides.mpp import Mpp, resolve_mpp
 from slidesnake.slides.tiff_tiles import TiffTiledLevels, TiledLevel
 
@@ -35,20 +38,29 @@ class Level:
 
 
 class Slide:
-    """A slide opened with OpenSlide, with its level-0 mpp resolved."""
+    """A slide opened with OpenSlide, or read in place from a store, with its level-0 mpp
+    resolved. `path` is where it may be shown: a URL without credentials."""
 
     def __init__(self, path: str | Path, slide_id: str | None = None, mpp: float | None = None):
-        self.path = Path(path)
-        self.slide_id = slide_id or self.path.stem
-        self._osr = self._open()
-        self.mpp_info: Mpp = resolve_mpp(self._osr.properties, mpp, self.slide_id, self.path)
+        self.in_place = stores.is_url(path)
+        self.path: str | Path = stores.location(path) if self.in_place else Path(path)
+        self.slide_id = slide_id or Path(str(self.path)).stem
+        self._osr: openslide.OpenSlide | None = None
+        if self.in_place:
+            found = open_in_place(str(path), self.slide_id)
+            self.properties, self._tiff = found.properties, found.tiled
+            sizes, downsamples = found.level_dimensions, found.level_downsamples
+        else:
+            self._osr = self._open()
+            self.properties = self._osr.properties
+            sizes, downsamples = self._osr.level_dimensions, self._osr.level_downsamples
+        self.mpp_info: Mpp = resolve_mpp(self.properties, mpp, self.slide_id, self.path)
         self.levels = tuple(
             Level(i, w, h, float(d))
-            for i, ((w, h), d) in enumerate(
-                zip(self._osr.level_dimensions, self._osr.level_downsamples, strict=True)
-            )
+            for i, ((w, h), d) in enumerate(zip(sizes, downsamples, strict=True))
         )
-        self._tiff = TiffTiledLevels.open(self.path, self.vendor, self._osr.level_dimensions)
+        if not self.in_place:
+            self._tiff = TiffTiledLevels.open(self.path, self.vendor, sizes)
 
     def _open(self) -> openslide.OpenSlide:
         if not self.path.is_file():
@@ -86,7 +98,7 @@ class Slide:
 
     @property
     def vendor(self) -> str:
-        return self._osr.properties.get("openslide.vendor", "unknown")
+        return self.properties.get("openslide.vendor", "unknown")
 
     def level_mpp(self, level: int) -> float:
         return self.mpp * self.levels[level].downsample
@@ -109,7 +121,11 @@ class Slide:
         try:
             if tiled is not None and x % d == 0 and y % d == 0:
                 return tiled.read(int(x // d), int(y // d), width, height)
+            if self._osr is None:  # in place: the nearest whole pixel of the level
+                return self._tiff.levels[level].read(round(x / d), round(y / d), width, height)
             rgba = np.asarray(self._osr.read_region((x, y), level, (width, height)))
+        except SlideError:
+            raise  # the store's failure, already said
         except Exception as err:
             raise self.read_error(level, x, y, err) from None
         rgb = rgba[..., :3].copy()
@@ -135,8 +151,16 @@ class Slide:
             "the file is corrupt; copy or export it again, or remove it from the sample sheet",
         )
 
+    def io_counts(self) -> tuple[int, int]:
+        """Bytes read and requests made for compressed tiles (and, in place, the index)
+        by this process so far."""
+        if self._tiff is None:
+            return 0, 0
+        return self._tiff.ranges.bytes_read, self._tiff.ranges.requests
+
     def close(self) -> None:
-        self._osr.close()
+        if self._osr is not None:
+            self._osr.close()
         if self._tiff is not None:
             self._tiff.close()
 

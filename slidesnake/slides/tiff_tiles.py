@@ -19,8 +19,7 @@ cache. `decode_buffer` places every row off that boundary.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +28,10 @@ import imagecodecs
 import numpy as np
 import tifffile
 from tifffile.tifffile import jpeg_decode_colorspace
+
+from slidesnake.slides.byte_ranges import FileRanges, RemoteRanges
+
+ByteRanges = FileRanges | RemoteRanges
 
 # TIFF compression codes we decode. Aperio's YCbCr JPEG 2000 (33003) is left to OpenSlide:
 # it converts the colours itself and we have no such slide to check against.
@@ -85,8 +88,8 @@ class Cut(NamedTuple):
 class TiledLevel:
     """One tiled pyramid level: its compressed tile grid and a decoder for its tiles."""
 
-    def __init__(self, page: tifffile.TiffPage, fd: int):
-        self._page, self._fd = page, fd
+    def __init__(self, page: tifffile.TiffPage, ranges: ByteRanges):
+        self._page, self._ranges = page, ranges
         self.width, self.height = page.imagewidth, page.imagelength
         self.tile_width, self.tile_height = page.tilewidth, page.tilelength
         self.across = -(-self.width // self.tile_width)
@@ -101,10 +104,17 @@ class TiledLevel:
         count = self._page.databytecounts[index]
         if count == 0:
             return None
-        data = os.pread(self._fd, count, self._page.dataoffsets[index])
+        data = self._ranges.read(self._page.dataoffsets[index], count)
         if out is None:
             out = decode_buffer(self.tile_height, self.tile_width)
         return self._decode(data, out=out)
+
+    def prefetch(self, tiles: Iterable[tuple[int, int]]) -> None:
+        """Fetch the compressed bytes of these (row, col) tiles ahead of their decode (a
+        slide read in place fetches them merged, in one round of requests)."""
+        offsets, counts = self._page.dataoffsets, self._page.databytecounts
+        indices = (row * self.across + col for row, col in tiles)
+        self._ranges.prefetch((offsets[i], counts[i]) for i in indices)
 
     def cut(self, x: int, y: int, width: int, height: int) -> Cut:
         """How a width x height read at (x, y) is cut from the compressed tiles. Reads at
@@ -141,17 +151,20 @@ class TiledLevel:
     def read(self, x: int, y: int, width: int, height: int) -> np.ndarray:
         """RGB uint8 of this level from its pixel (x, y), each tile decoded for this read."""
         out = np.empty((height, width, 3), np.uint8)
-        self.cut(x, y, width, height).paint(out, self.decode)
+        cut = self.cut(x, y, width, height)
+        self.prefetch(cut.tiles())
+        cut.paint(out, self.decode)
         return out
 
 
 class TiffTiledLevels:
     """The tiled pages of a TIFF slide that we decode, by OpenSlide level (matched by size)."""
 
-    def __init__(self, path: Path, pages: dict[int, tifffile.TiffPage], tiff: tifffile.TiffFile):
-        self._tiff = tiff
-        self._fd = os.open(path, os.O_RDONLY)
-        self.levels = {level: TiledLevel(page, self._fd) for level, page in pages.items()}
+    def __init__(
+        self, tiff: tifffile.TiffFile, pages: dict[int, tifffile.TiffPage], ranges: ByteRanges
+    ):
+        self._tiff, self.ranges = tiff, ranges
+        self.levels = {level: TiledLevel(page, ranges) for level, page in pages.items()}
 
     @classmethod
     def open(
@@ -166,16 +179,16 @@ class TiffTiledLevels:
             return None
         pages = {}
         for level, size in enumerate(level_dimensions):
-            page = next((p for p in tiff.pages if _fits(p, size)), None)
+            page = next((p for p in tiff.pages if fits(p, size)), None)
             if page is not None:
                 pages[level] = page
         if not pages:
             tiff.close()
             return None
-        return cls(path, pages, tiff)
+        return cls(tiff, pages, FileRanges(path))
 
     def close(self) -> None:
-        os.close(self._fd)
+        self.ranges.close()
         self._tiff.close()
 
 
@@ -203,7 +216,7 @@ def _decoder(page: tifffile.TiffPage) -> Callable[..., np.ndarray]:
     )
 
 
-def _fits(page: tifffile.TiffPage, size: tuple[int, int]) -> bool:
+def fits(page: tifffile.TiffPage, size: tuple[int, int]) -> bool:
     return (
         page.is_tiled
         and page.compression in CODECS

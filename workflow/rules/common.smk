@@ -38,6 +38,7 @@ from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.embed.settings import model_configs
 from slidesnake.errors import ConfigError, SlidesnakeError
 from slidesnake.side_files import file_digest
+from slidesnake.slides.stores import configure as configure_storage, is_url, stat_slides
 from slidesnake.models.registry import check_model_config, model_spec
 
 
@@ -93,6 +94,7 @@ try:
     check_config(config, schema)
     # Before any params are made and before any job reads them: 32.0 is 32.
     config.update(whole_numbers(config, schema))
+    configure_storage(config["storage"])
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.
     if workflow.is_main_process:
@@ -201,16 +203,35 @@ def slide_file(wildcards):
 
 
 def slide_input(wildcards):
-    """The slide as an input when it exists; a missing one fails its own job, not the DAG."""
+    """The slide as an input when it is a local file that exists: a missing one fails its
+    own job, not the DAG. A slide in a store is read in place, never an input file (no
+    storage plugin downloads it); its identity is a param."""
     path = slide_file(wildcards)
-    return path if Path(path).exists() else []
+    return path if not is_url(path) and Path(path).exists() else []
+
+
+def slide_storage_io(wildcards):
+    """A slot of --resources storage_io=K, for the jobs that read a slide in a store."""
+    return 1 if is_url(slide_file(wildcards)) else 0
+
+
+@functools.cache
+def slides_in_stores():
+    """Size and version (ETag, generation) of every slide in a store: asked once per run
+    for the whole sheet, storage.concurrency requests at a time (a job on a cluster node
+    asks for its own slide only)."""
+    return stat_slides(SLIDE_PATHS.values()) if workflow.is_main_process else {}
 
 
 def slide_identity(wildcards):
-    """Size and modification time of the slide file, for the mask rule's params: a file
-    replaced by another re-runs the slide even when its mtime is older than the outputs
-    (cp -p, a restore from backup), which Snakemake's mtime trigger misses. A stat, not a
-    hash: it costs nothing per slide however large the cohort."""
+    """Size and modification time of the slide file (in a store: its size and version),
+    for the mask rule's params: a file replaced by another re-runs the slide even when
+    its mtime is older than the outputs (cp -p, a restore from backup), which Snakemake's
+    mtime trigger misses. A stat, not a hash: it costs nothing per slide however large
+    the cohort."""
+    path = slide_file(wildcards)
+    if is_url(path):
+        return slides_in_stores().get(path) or stat_slides([path])[path]
     try:
         status = os.stat(slide_file(wildcards))
     except OSError:

@@ -15,6 +15,7 @@ rule embed_tiles:
         # slot (--resources endpoint=K), and a GPU only for the models that run here.
         gpu=1 if "local" in BACKENDS else 0,
         endpoint=1 if "remote" in BACKENDS else 0,
+        storage_io=slide_storage_io,
         mem_mb=8000,
     params:
         **embedding_job_params(),

@@ -16,6 +16,7 @@ rule make_tile_coords:
     resources:
         mem_mb=1000,
         cpu_stage=1,
+        storage_io=slide_storage_io,
     params:
         slide=slide_file,
         tiles=slide_tile_params,

@@ -13,6 +13,7 @@ rule make_tissue_mask:
     resources:
         mem_mb=2000,
         cpu_stage=1,
+        storage_io=slide_storage_io,
     params:
         slide=slide_file,
         identity=slide_identity,

@@ -30,7 +30,7 @@ S3_ENV = {
 
 
 # Connections a /flaky/ path drops before it answers.
-FLAKY = 3
+FLAKY = 2
 
 
 def free_port() -> int:

@@ -10,12 +10,13 @@ where it is kept.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
 import tifffile
 
-from slidesnake.errors import SlideOpenError
+from slidesnake.errors import SlideOpenError, one_line
 from slidesnake.slides import stores
 from slidesnake.slides.byte_ranges import RangeFile, RemoteRanges
 from slidesnake.slides.tiff_tiles import CODECS, TiffTiledLevels, fits
@@ -41,14 +42,19 @@ def open_in_place(url: str, slide_id: str) -> InPlaceTiff:
     stores.check_format(url, slide_id)
     stat = stores.stat_slide(url, slide_id)
     ranges = RemoteRanges(url, stat.size, slide_id)
+    damage = _Damage()
+    tifffile_log = logging.getLogger("tifffile")
+    tifffile_log.addHandler(damage)
     try:
         tiff = tifffile.TiffFile(RangeFile(ranges, stores.settings().block_kb * 1024))
+        pages = _pyramid(tiff)
     except (tifffile.TiffFileError, ValueError, EOFError) as err:
         raise _not_readable(
             url, slide_id, f"it is not a TIFF file ({type(err).__name__})"
         ) from None
-    pages = _pyramid(tiff)
-    problem = _layout_problem(pages)
+    finally:
+        tifffile_log.removeHandler(damage)
+    problem = damage.problem or _layout_problem(pages, stat.size)
     if problem:
         tiff.close()
         raise _not_readable(url, slide_id, problem)
@@ -67,10 +73,32 @@ def _pyramid(tiff: tifffile.TiffFile) -> list[tifffile.TiffPage]:
     return [level.keyframe for level in series.levels]
 
 
-def _layout_problem(pages: list[tifffile.TiffPage]) -> str | None:
+class _Damage(logging.Handler):
+    """What tifffile logs, and reads past, while it parses a damaged index: an IFD offset
+    past the end of the object drops the rest of the pyramid without an exception."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.problem: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.problem = self.problem or (
+            f"its TIFF index is damaged ({one_line(record.getMessage(), 80)}); the object "
+            "may be truncated (an interrupted upload or copy)"
+        )
+
+
+def _layout_problem(pages: list[tifffile.TiffPage], size: int) -> str | None:
     if not pages:
         return "it has no image"
     for index, page in enumerate(pages):
+        spans = zip(page.dataoffsets, page.databytecounts, strict=True)
+        end = max((offset + count for offset, count in spans), default=0)
+        if end > size:
+            return (
+                f"it has {size} bytes but level {index}'s tiles reach byte {end}: it is "
+                "truncated (an interrupted upload or copy)"
+            )
         if not fits(page, (page.imagewidth, page.imagelength)):
             codec = CODECS.get(page.compression, f"TIFF compression {page.compression}")
             tiled = "tiled" if page.is_tiled else "not tiled (strips)"

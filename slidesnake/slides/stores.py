@@ -173,7 +173,7 @@ def _object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
     try:
         info = fs.info(key)
     except Exception as err:
-        raise open_error(err, slide_id, location(url)) from None
+        raise open_error(_why(fs, key, err), slide_id, location(url)) from None
     version = next(
         (
             f"{name} {info[name]}"
@@ -183,3 +183,15 @@ def _object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
         "no version from the store",
     )
     return SlideStat(int(info.get("size") or 0), version)
+
+
+def _why(fs: Any, key: str, err: Exception) -> BaseException:
+    """The real failure behind `err`: fsspec's HTTP filesystem says "not found" for
+    any failed HEAD (a 403 too), where a one-byte GET gives the server's status."""
+    if not isinstance(err, FileNotFoundError) or "http" not in fs.protocol:
+        return err
+    try:
+        fs.cat_file(key, start=0, end=1)
+    except Exception as probe:
+        return probe
+    return err

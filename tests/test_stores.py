@@ -4,11 +4,15 @@ bytes and requests it costs, and each store failure failing its own slide in one
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import pytest
+from conftest import SHARED_SLIDES, jobs_run
+from store_servers import FLAKY, S3_ENV, SECRET, RangeServer, s3_server
 
+from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.loader.batches import TileBatches
 from slidesnake.slides import stores
@@ -18,7 +22,6 @@ from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles
 from slidesnake.tiling.tissue import TissueParams
-from tests.store_servers import FLAKY, S3_ENV, SECRET, RangeServer, s3_server
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +201,36 @@ def test_sizes_and_versions_of_a_sheet_come_from_one_concurrent_round(s3, web, r
     assert found["s3://cohort/missing.svs"].startswith("unreadable (the store has no such object")
     s3.put("cohort", "many/0.svs", b"changed bytes")
     assert stores.stat_slides(urls[:1])[urls[0]] != found[urls[0]]
+
+
+@pytest.mark.workflow
+def test_a_cohort_in_s3_runs_as_on_disk_reruns_only_changed_objects_and_writes_no_secret(
+    s3, workflow, rect_slide, blob_slide
+):
+    rows = [("on_disk", rect_slide), ("in_s3", s3.put("cohort", "wf/rect.svs", rect_slide))]
+    if SHARED_SLIDES.is_dir():
+        cmu = SHARED_SLIDES / "CMU-1-Small-Region.svs"
+        rows += [("cmu_disk", cmu), ("cmu_s3", s3.put("cohort", "wf/cmu.svs", cmu))]
+    workflow.sheet(rows)
+    storage = f"storage={{s3: {{endpoint_url: {s3.url}}}}}"
+    first = workflow.run("--config", storage, "--resources", "storage_io=1")
+    assert jobs_run(first, "embed_tiles") == sorted(r[0] for r in rows)
+    for disk, remote in zip(*[iter(r[0] for r in rows)] * 2, strict=True):
+        for name in ("tissue_mask.png", "tiles.parquet"):
+            assert (
+                workflow.result(disk, name).read_bytes()
+                == workflow.result(remote, name).read_bytes()
+            )
+        local, _, _ = load_embeddings(workflow.result(disk, "embeddings.zarr"))
+        features, _, attrs = load_embeddings(workflow.result(remote, "embeddings.zarr"))
+        np.testing.assert_array_equal(features, local)
+        assert attrs["slide_path"].startswith("s3://cohort/wf/") and attrs["slide_version"]
+        metrics = json.loads(workflow.result(remote, "metrics.json").read_text())
+        assert metrics["bytes_read"] > 0 and 0 < metrics["requests"] < metrics["tiles"]
+    assert "Nothing to be done" in workflow.run("--config", storage).stderr
+
+    s3.put("cohort", "wf/rect.svs", blob_slide)  # the same key, other bytes
+    changed = workflow.run("--config", storage)
+    assert jobs_run(changed, "make_tissue_mask") == ["in_s3"]
+    written = [p for p in workflow.dir.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if SECRET.encode() in p.read_bytes()]

@@ -67,7 +67,7 @@ test: install
 # The edit-test loop: no workflow runs, servers, cluster, virtual environments or waits.
 test-fast: install
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "$(FAST)"
-FAST := not workflow and not server and not slurm and not install and not real_slides and not slow
+FAST := not workflow and not server and not store and not slurm and not install and not real_slides and not slow
 
 # The documentation site (MkDocs), into site/; strict: a broken link or reference fails.
 docs: install
@@ -90,6 +90,7 @@ bench: install
 	$(BIN)/python benchmarks/model_list.py --set small
 	$(BIN)/python benchmarks/model_list.py --set cheap
 	$(BIN)/python benchmarks/cohort_scaling.py
+	$(BIN)/python benchmarks/slides_in_place.py
 
 # Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).
 bench-slurm: install

@@ -94,7 +94,9 @@ def embed_job(slide: TiledSlide, out: Path, *options: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "slidesnake", "embed", str(slide.path), str(slide.tiles),
                str(out), *options]  # fmt: skip
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["process_s"] = time.perf_counter() - started
     return metrics
@@ -213,7 +215,9 @@ def peak_memory(slide: TiledSlide, settings: EmbedSettings, out: Path) -> dict[s
         "--precision", settings.precision, "--batch-size", str(settings.batch_size),
         "--workers", str(settings.workers),
     ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads((out / "metrics.json").read_text())
 
 

@@ -5,7 +5,6 @@ server, and a small HTTP server that honours Range requests and can misbehave on
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import os
 import shutil
 import socket
@@ -148,12 +147,12 @@ class RangeServer:
                 file = server.root / self.path.lstrip("/")
                 if not file.is_file():
                     return self._status(404)
-                data = file.read_bytes()
-                start, end = 0, len(data)
+                size = file.stat().st_size
+                start, end = 0, size
                 ranged = self.headers.get("Range", "").startswith("bytes=")
                 if ranged:
                     first, _, last = self.headers["Range"][6:].partition("-")
-                    start, end = int(first), min(int(last) + 1 if last else len(data), len(data))
+                    start, end = int(first), min(int(last) + 1 if last else size, size)
                     number = server._count() if body else 0
                     drop = {"dropping": True, "flaky": number <= FLAKY}.get(parts[0], False)
                     if body and drop:
@@ -161,14 +160,17 @@ class RangeServer:
                 self.send_response(206 if ranged else 200)
                 self.send_header("Content-Length", str(end - start))
                 if ranged:
-                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header("ETag", f'"{hashlib.md5(data).hexdigest()}"')
-                mtime = email.utils.formatdate(file.stat().st_mtime, usegmt=True)
+                status = file.stat()
+                self.send_header("ETag", f'"{status.st_size:x}-{status.st_mtime_ns:x}"')
+                mtime = email.utils.formatdate(status.st_mtime, usegmt=True)
                 self.send_header("Last-Modified", mtime)
                 self.end_headers()
                 if body:
-                    self.wfile.write(data[start:end])
+                    with file.open("rb") as f:
+                        f.seek(start)
+                        self.wfile.write(f.read(end - start))
 
             def _drop(self, length: int) -> None:
                 """Promise `length` bytes, send a few, hang up."""

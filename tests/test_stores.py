@@ -12,6 +12,8 @@ import pytest
 from conftest import SHARED_SLIDES, jobs_run
 from store_servers import FLAKY, S3_ENV, SECRET, RangeServer, s3_server
 
+pytestmark = pytest.mark.store
+
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.loader.batches import TileBatches

@@ -3,7 +3,8 @@
 Tiles are read cell by cell (see tile_cells): a cell is a patch of adjacent tiles whose
 compressed slide tiles are decoded once and copied straight into the batch (see
 tile_readers). Cells are taken band by band in row-major order and dealt round-robin to
-the workers (see loader_workers), and their batches are received round-robin, so the
+the workers (see loader_workers; a slide in a store deals runs of cells, one round of
+requests each), and their batches are received round-robin, so the
 rows in flight stay close together and the output writer's buffer stays small.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,21 +109,22 @@ class TileBatches:
         with self._worker_slide() as slide:
             reader, positions = tile_reader(slide, self.plan, self.coords)
             counts = _Counts(slide, reader)
-            cells = self.cells[lane::lanes]
-            ahead = self._cells_ahead(slide)
-            for index, cell in enumerate(cells):
-                if ahead and index % ahead == 0:
-                    reader.prefetch(positions[np.concatenate(cells[index : index + ahead])])
-                tiles = reader.open_cell(positions[cell])
-                for i, row in enumerate(cell):
-                    if slot is None:
-                        slot = self.ring.claim(lane)
-                    tiles.copy_tile(i, self.ring.tiles[lane, slot, filled])
-                    rows[filled] = row
-                    filled += 1
-                    if filled == self.batch_size:
-                        yield rows.copy(), slot, counts.now()
-                        filled, slot = 0, None
+            run = self._cells_ahead(slide)
+            cells = self._dealt(lane, lanes, run)
+            with _RunsAhead(reader, positions, cells, run, slide.in_place) as fetch:
+                for index, cell in enumerate(cells):
+                    if index % run == 0:
+                        fetch.ready(index)
+                    tiles = reader.open_cell(positions[cell])
+                    for i, row in enumerate(cell):
+                        if slot is None:
+                            slot = self.ring.claim(lane)
+                        tiles.copy_tile(i, self.ring.tiles[lane, slot, filled])
+                        rows[filled] = row
+                        filled += 1
+                        if filled == self.batch_size:
+                            yield rows.copy(), slot, counts.now()
+                            filled, slot = 0, None
             if filled:
                 yield rows[:filled].copy(), slot, counts.now()
 
@@ -132,16 +135,65 @@ class TileBatches:
 
     def _cells_ahead(self, slide: Slide) -> int:
         """Cells whose compressed tiles a worker fetches in one round: in place, enough
-        for `storage.readahead_tiles` tiles; from disk none (the page cache reads ahead)."""
+        for `storage.readahead_tiles` tiles; from disk one (the page cache reads ahead)."""
         if not slide.in_place or not self.cells:
-            return 0
+            return 1
         per_cell = max(1, len(self.coords) // len(self.cells))
         return max(1, stores.settings().readahead_tiles // per_cell)
+
+    def _dealt(self, lane: int, lanes: int, run: int) -> list[np.ndarray]:
+        """The cells of worker `lane`: runs of `run` neighbouring cells, dealt in turn.
+        From disk a run is one cell; in place a run is one round of requests, and
+        neighbouring cells make neighbouring byte ranges, merged into few requests."""
+        starts = range(lane * run, len(self.cells), lanes * run)
+        return [cell for start in starts for cell in self.cells[start : start + run]]
 
     def close(self) -> None:
         if self._slide is not None:
             self._slide.close()
             self._slide = None
+
+
+class _RunsAhead:
+    """A worker's rounds of requests to a store, one run of cells ahead: a thread fetches
+    the next run's bytes while this one is decoded (the decoder releases the GIL), so the
+    store's round trip hides behind the decode. From disk it does nothing."""
+
+    def __init__(
+        self,
+        reader: CompressedTiles | RegionReads,
+        positions: np.ndarray,
+        cells: list[np.ndarray],
+        run: int,
+        active: bool,
+    ):
+        self.reader, self.positions, self.cells, self.run = reader, positions, cells, run
+        self._thread = ThreadPoolExecutor(1, "slidesnake-fetch") if active else None
+        self._next: Future | None = None
+
+    def ready(self, index: int) -> None:
+        """Return once the run from cell `index` is fetched; start fetching the next."""
+        if self._thread is None:
+            return
+        if self._next is None:
+            self._fetch(index)
+        else:
+            self._next.result()
+        following = index + self.run
+        self._next = (
+            self._thread.submit(self._fetch, following) if following < len(self.cells) else None
+        )
+
+    def _fetch(self, index: int) -> None:
+        run = self.cells[index : index + self.run]
+        self.reader.prefetch(self.positions[np.concatenate(run)])
+
+    def __enter__(self) -> _RunsAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
 
 
 class ReadCounts(NamedTuple):

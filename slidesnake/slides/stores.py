@@ -15,6 +15,7 @@ before it opens a slide, and forked loader workers inherit it.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +105,11 @@ def filesystem(url: str) -> tuple[Any, str]:
     not cross a fork) and the path it knows the object by."""
     import fsspec
 
+    for chatty in (
+        "aiobotocore",
+        "botocore",
+    ):  # an INFO line per client: where credentials were found
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     protocol = PROTOCOLS[urlsplit(url).scheme.lower()]
     cls = fsspec.get_filesystem_class(protocol)
     fs = cls(skip_instance_cache=True, **_settings.filesystem_options(protocol))

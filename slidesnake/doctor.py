@@ -33,6 +33,7 @@ from slidesnake.models.registry import (
     weights_source,
 )
 from slidesnake.models.weight_files import weights_problem
+from slidesnake.slides import stores
 from slidesnake.slides.slide import Slide
 
 Status = Literal["OK", "NOTE", "FAIL"]
@@ -349,6 +350,7 @@ def _server_finding(config: dict[str, Any]) -> Finding:
 def slides_check(config: dict[str, Any]) -> list[Finding]:
     """Every slide of the sheet opens, with a resolution: the disk estimate needs both."""
     sheet = read_sample_sheet(config["samples"])
+    stores.configure(config.get("storage"))  # slides in buckets: opened as the jobs will
     problems, sizes = [], []
     for slide_id, row in sheet.iterrows():
         mpp = None if math.isnan(row["mpp"]) else row["mpp"]

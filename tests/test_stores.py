@@ -4,6 +4,7 @@ bytes and requests it costs, and each store failure failing its own slide in one
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -186,6 +187,8 @@ def test_each_store_failure_fails_its_slide_in_one_line(s3, web, rect_slide, tmp
     _fails(truncated, SlideOpenError, "truncated")
     user_url = web.url.replace("http://", "http://user:pa55@") + "/dropping/rect.svs"
     _fails(user_url, SlideReadError, "failed")
+    if importlib.util.find_spec("gcsfs") is None:  # an optional dependency
+        _fails("gs://cohort/a.svs", SlideOpenError, "slidesnake[gcs]")
 
 
 def test_a_format_only_openslide_reads_fails_before_any_request(tmp_path):

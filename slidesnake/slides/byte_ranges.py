@@ -68,7 +68,7 @@ class RemoteRanges:
     def _filesystem(self) -> tuple[Any, str]:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._fs = stores.filesystem(self.url)
+            self._fs = stores.filesystem(self.url, self.slide_id)
             self._held.clear()
         return self._fs
 

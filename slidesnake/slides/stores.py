@@ -100,7 +100,7 @@ def location(path: str | Path) -> str:
     return f"{parts.scheme}://{host}{parts.path}" + ("?…" if parts.query else "")
 
 
-def filesystem(url: str) -> tuple[Any, str]:
+def filesystem(url: str, slide_id: str = "") -> tuple[Any, str]:
     """A new filesystem instance for `url` (never fsspec's shared one: an instance must
     not cross a fork) and the path it knows the object by."""
     import fsspec
@@ -111,7 +111,16 @@ def filesystem(url: str) -> tuple[Any, str]:
     ):  # an INFO line per client: where credentials were found
         logging.getLogger(chatty).setLevel(logging.WARNING)
     protocol = PROTOCOLS[urlsplit(url).scheme.lower()]
-    cls = fsspec.get_filesystem_class(protocol)
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        raise SlideOpenError(
+            slide_id,
+            location(url),
+            f"reading {urlsplit(url).scheme}:// URLs needs fsspec's {protocol} filesystem, "
+            "which is not installed",
+            "install it where the jobs run: pip install 'slidesnake[gcs]' (gcsfs)",
+        ) from None
     fs = cls(skip_instance_cache=True, **_settings.filesystem_options(protocol))
     return fs, (url if protocol == "http" else cls._strip_protocol(url))
 
@@ -147,7 +156,7 @@ def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
     if not is_url(path):
         status = os.stat(path)
         return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
-    fs, key = filesystem(str(path))
+    fs, key = filesystem(str(path), slide_id)
     return _object_stat(fs, key, str(path), slide_id)
 
 
@@ -161,18 +170,27 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
     for url in urls:
         protocol = PROTOCOLS[urlsplit(url).scheme.lower()]
         if protocol not in by_protocol:
-            by_protocol[protocol] = filesystem(url)[0]
+            by_protocol[protocol] = _filesystem_or_error(url)
 
     def describe(url: str) -> str:
         fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
-        key = url if fs.protocol in ("http", ("http", "https")) else fs._strip_protocol(url)
         try:
+            if isinstance(fs, SlideOpenError):
+                raise fs
+            key = url if "http" in fs.protocol else fs._strip_protocol(url)
             return _object_stat(fs, key, url, "").describe()
         except SlideOpenError as err:
             return f"unreadable ({err.problem})"
 
     with ThreadPoolExecutor(_settings.concurrency) as pool:
         return dict(zip(urls, pool.map(describe, urls), strict=True))
+
+
+def _filesystem_or_error(url: str) -> Any:
+    try:
+        return filesystem(url)[0]
+    except SlideOpenError as err:
+        return err
 
 
 def _object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:

@@ -6,9 +6,10 @@ HTTP proxy in front of each that holds every request for `--latency-ms` before p
 on (as a bucket in another building or region would). moto copies the whole object for
 each GET (61 ms per request on this 111 MB slide, 3.6 ms on a 1.9 MB one, measured here),
 so its rows bound moto; the HTTP server reads only the range asked for. The model is the
-near-free average-pooling program, so the figures are the read's: what a GPU that never waits would see. Each job is `slidesnake
-embed` in a fresh process, as Snakemake runs it; the S3 jobs find the server through
-AWS_ENDPOINT_URL, as a user of an S3-compatible store would.
+near-free average-pooling program, so the figures are the read's: what a GPU that never
+waits would see. Each job is `slidesnake embed` in a fresh process, as Snakemake runs
+it; the S3 jobs find the server through AWS_ENDPOINT_URL, as a user of an S3-compatible
+store would.
 
     python benchmarks/slides_in_place.py [--tiles 800] [--rounds 2] [--workers 2]
 """

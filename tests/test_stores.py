@@ -13,8 +13,6 @@ import pytest
 from conftest import SHARED_SLIDES, jobs_run
 from store_servers import FLAKY, S3_ENV, SECRET, RangeServer, s3_server
 
-pytestmark = pytest.mark.store
-
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.loader.batches import TileBatches
@@ -25,6 +23,8 @@ from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles
 from slidesnake.tiling.tissue import TissueParams
+
+pytestmark = pytest.mark.store
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 import yaml
 from conftest import REPO, write_sheet
 
-from slidesnake.cohort.samples import SAFE_ID, read_sample_sheet
+from slidesnake.cohort.samples import SAFE_ID, read_sample_sheet, sheet_warnings
 from slidesnake.errors import SampleSheetError
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.tissue import TissueParams
@@ -91,3 +91,22 @@ def test_nested_config_overrides_get_their_yaml_types():
         "samples": "123",
         "tiles": {"stride": 112, "mpp": 0.5, "x": None, "n": "a"},
     }
+
+
+def test_urls_are_slides_in_stores_but_never_with_their_credentials(tmp_path):
+    rows = [
+        ("s3", "s3://bucket/a.svs"),
+        ("web", "https://slides.example.org/b.svs"),
+        ("userinfo", "https://reader:pa55@slides.example.org/c.svs"),
+        ("signed", "https://bucket.s3.amazonaws.com/d.svs?X-Amz-Signature=abc"),
+    ]
+    with pytest.raises(SampleSheetError) as caught:
+        read_sample_sheet(write_sheet(tmp_path / "s.tsv", rows))
+    message = str(caught.value)
+    assert "slide 'userinfo': the URL carries credentials" in message
+    assert "slide 'signed': the URL carries credentials" in message
+    assert "'s3'" not in message and "'web'" not in message
+    assert "pa55" not in message and "abc" not in message
+    sheet = read_sample_sheet(write_sheet(tmp_path / "ok.tsv", rows[:2]))
+    assert list(sheet["path"]) == ["s3://bucket/a.svs", "https://slides.example.org/b.svs"]
+    assert sheet_warnings(sheet) == []  # a URL is not a missing file

@@ -19,7 +19,7 @@ import pandas as pd
 from slidesnake.errors import SampleSheetError
 from slidesnake.side_files import side_file_problem
 from slidesnake.slides.mpp import PLAUSIBLE_MPP
-from slidesnake.slides.stores import is_url, location
+from slidesnake.slides.stores import carries_credentials, is_url, location
 
 # Slide ids become directory names under results/slides/: letters, digits, '.', '_', '-',
 # starting with a letter, digit or '_' (not an option, not hidden), no '..', and short
@@ -100,6 +100,13 @@ def _path_problems(row: int, slide_id: str, record, base_dir: Path) -> list[str]
     for column in ("path", "roi", "coords"):
         path = getattr(record, column).strip()
         if column == "path" and is_url(path):
+            if carries_credentials(path):  # Snakemake records each job's params on disk
+                problems.append(
+                    f"line {row}: slide '{slide_id}': the URL carries credentials "
+                    "(user:password@ or a signed query), which the run would record in "
+                    ".snakemake/; give them the store's usual way (environment, profile, "
+                    "instance role) and the plain URL here"
+                )
             continue  # read in place: what the store says is checked once per run
         problem = side_file_problem(base_dir / path) if path else None
         if problem is not None and problem != "file not found":

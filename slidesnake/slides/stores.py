@@ -91,6 +91,13 @@ def is_url(path: str | Path) -> bool:
     return isinstance(path, str) and urlsplit(path).scheme.lower() in PROTOCOLS
 
 
+def carries_credentials(url: str) -> bool:
+    """Whether `url` holds a secret of its own: a user:password, or a query (a presigned
+    URL's signature, a token)."""
+    parts = urlsplit(url)
+    return "@" in parts.netloc or bool(parts.query)
+
+
 def location(path: str | Path) -> str:
     """`path` as it may be shown and written: a URL without credentials or query."""
     if not is_url(path):

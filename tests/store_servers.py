@@ -1,6 +1,6 @@
 """Real stores on loopback for the storage tests and benchmark: moto's standalone S3
 server, and a small HTTP server that honours Range requests and can misbehave on purpose
-(refuse, drop connections mid-answer, add latency)."""
+(refuse, drop connections mid-answer)."""
 
 from __future__ import annotations
 
@@ -96,11 +96,10 @@ class RangeServer:
 
     Misbehaviour by path prefix: /forbidden/... answers 403; /flaky/... drops the
     connection mid-answer on the server's first `FLAKY` GETs with a Range; /dropping/...
-    on every one.
-    `latency_s` delays every answer. `requests` counts the GETs with a Range."""
+    on every one. `requests` counts the GETs with a Range."""
 
-    def __init__(self, root: Path, latency_s: float = 0.0) -> None:
-        self.root, self.latency_s = Path(root), latency_s
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
         self.requests = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -140,7 +139,6 @@ class RangeServer:
                 self._answer(body=True)
 
             def _answer(self, body: bool) -> None:
-                time.sleep(server.latency_s)
                 parts = self.path.lstrip("/").split("/", 1)
                 if parts[0] == "forbidden":
                     return self._status(403)

@@ -94,7 +94,8 @@ def _boto_credentials() -> dict:
 class RangeServer:
     """An HTTP server of a folder's files, with Range requests, ETag and Last-Modified.
 
-    Misbehaviour by path prefix: /forbidden/... answers 403; /flaky/... drops the
+    Misbehaviour by path prefix: /forbidden/... answers 403; /norange/... answers every
+    GET with the whole file, as a server without Range support does; /flaky/... drops the
     connection mid-answer on the server's first `FLAKY` GETs with a Range; /dropping/...
     on every one. `requests` counts the GETs with a Range."""
 
@@ -148,6 +149,7 @@ class RangeServer:
                 size = file.stat().st_size
                 start, end = 0, size
                 ranged = self.headers.get("Range", "").startswith("bytes=")
+                ranged = ranged and parts[0] != "norange"
                 if ranged:
                     first, _, last = self.headers["Range"][6:].partition("-")
                     start, end = int(first), min(int(last) + 1 if last else size, size)

@@ -180,6 +180,7 @@ def test_each_store_failure_fails_its_slide_in_one_line(s3, web, rect_slide, tmp
     _fails("s3://cohort/no-such-slide.svs", SlideOpenError, "no such object")
     _fails(web.add(rect_slide, "forbidden/rect.svs"), SlideOpenError, "refused access", "403")
     _fails(web.add(rect_slide, "dropping/rect.svs"), SlideReadError, "failed 3 times")
+    _fails(web.add(rect_slide, "norange/rect.svs"), SlideReadError, "not honour Range")
     _fails("s3://cohort/case.mrxs", SlideOpenError, "MIRAX", "local")
     _fails(s3.put("cohort", "notes.svs", b"not a slide at all" * 100), SlideOpenError, "in place")
     whole = rect_slide.read_bytes()

@@ -126,7 +126,17 @@ class RemoteRanges:
             raise self._truncated(end)
 
     def _whole(self, blob: memoryview, wanted: tuple[int, int]) -> memoryview:
-        if len(blob) != wanted[1] - wanted[0]:
+        size = wanted[1] - wanted[0]
+        if len(blob) > size:  # a whole object for a byte range, at every request
+            raise SlideReadError(
+                self.slide_id,
+                self.where,
+                f"the server answered a request for {size} bytes with {len(blob)}: it does "
+                "not honour Range requests, so every tile would cost the whole slide",
+                "serve the slide from a server that answers Range requests (object stores "
+                "and most web servers do), or copy it to a local or shared filesystem",
+            )
+        if len(blob) < size:
             raise self._truncated(wanted[1])
         return blob
 

@@ -23,6 +23,7 @@ import yaml
 from conftest import REPO
 
 from slidesnake.cohort import warm
+from slidesnake.cohort.rule_jobs import warm_modules
 from slidesnake.slides.synthetic import Rect, write_slide
 
 CLIENT = (
@@ -316,3 +317,13 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_warm_interpreter_imports_a_stores_filesystem_for_its_slide_jobs_only():
+    def job(slide):
+        return SimpleNamespace(params=SimpleNamespace(slide=slide), config={"model": {}})
+
+    assert "s3fs" in warm_modules("make_tissue_mask", job("s3://bucket/a.svs"))
+    assert "aiohttp" in warm_modules("make_tile_coords", job("https://host/a.svs"))
+    assert not {"s3fs", "aiohttp"} & set(warm_modules("make_tissue_mask", job("/data/a.svs")))
+    assert "s3fs" not in warm_modules("pool_slide", job("s3://bucket/a.svs"))

@@ -5,6 +5,7 @@ server, and a small HTTP server that honours Range requests and can misbehave on
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import shutil
 import socket
@@ -197,3 +198,65 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+ORTHANC_PLUGINS = ("/usr/share/orthanc/plugins", "/usr/lib/orthanc/plugins")
+
+
+def orthanc_binary() -> str | None:
+    """Orthanc and its DICOMweb plugin (Debian: orthanc, orthanc-dicomweb), or None."""
+    binary = shutil.which("Orthanc") or shutil.which("Orthanc", path="/usr/sbin")
+    return binary if binary and _dicomweb_plugin() else None
+
+
+def _dicomweb_plugin() -> str | None:
+    found = [Path(d) / "libOrthancDicomWeb.so" for d in ORTHANC_PLUGINS]
+    return next((str(p) for p in found if p.is_file()), None)
+
+
+class OrthancServer:
+    """Orthanc with its DICOMweb plugin, on loopback, storing under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "Name": "slidesnake-tests",
+            "StorageDirectory": str(root / "storage"),
+            "IndexDirectory": str(root / "storage"),
+            "HttpPort": self.port,
+            "DicomServerEnabled": False,
+            "RemoteAccessAllowed": False,
+            "AuthenticationEnabled": False,
+            "Plugins": [_dicomweb_plugin()],
+            "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+        }
+        path = root / "orthanc.json"
+        path.write_text(json.dumps(config))
+        self._process = subprocess.Popen(
+            [orthanc_binary(), str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.url}/system", timeout=1).ok:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("Orthanc did not start")
+
+    def add(self, paths: list[Path]) -> str:
+        """Store these instances; return the DICOMweb URL of their series."""
+        for path in paths:
+            requests.post(
+                f"{self.url}/instances", data=path.read_bytes(), timeout=30
+            ).raise_for_status()
+        import pydicom
+
+        ds = pydicom.dcmread(paths[0], stop_before_pixels=True)
+        return f"{self.url}/dicom-web/studies/{ds.StudyInstanceUID}/series/{ds.SeriesInstanceUID}"
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(10)

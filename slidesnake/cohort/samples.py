@@ -108,6 +108,13 @@ def _path_problems(row: int, slide_id: str, record, base_dir: Path) -> list[str]
                     "instance role) and the plain URL here"
                 )
             continue  # read in place: what the store says is checked once per run
+        if column == "path" and (base_dir / path).is_dir():
+            if not any((base_dir / path).glob("*.dcm")):
+                problems.append(
+                    f"line {row}: slide '{slide_id}': {path} is a directory without DICOM "
+                    "(.dcm) files; give the slide's file, or a folder holding one DICOM series"
+                )
+            continue
         problem = side_file_problem(base_dir / path) if path else None
         if problem is not None and problem != "file not found":
             what = "" if column == "path" else f"{column} "

@@ -61,7 +61,7 @@ def embedding_keys(
     params (as the rule has them), the tile table's bytes and the slide's size and
     modification time (in a store, its size and version)."""
     try:
-        if stores.is_url(slide_path):
+        if stores.is_url(slide_path) or Path(slide_path).is_dir():
             stat = stores.stat_slide(slide_path, "")
             slide = [stat.size, stat.version]
         else:

@@ -16,9 +16,10 @@ from slidesnake.tiling.grid import TileGeometry
 
 def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
     """The zarr attributes that say which slide and which tiles, whatever the backend."""
-    if stores.is_url(slide_path):  # never the URL as given: it may hold credentials
+    if stores.is_url(slide_path) or Path(slide_path).is_dir():  # a store, a DICOM series
         stat = stores.stat_slide(slide_path, slide_id)
-        where = {"slide_path": stores.location(slide_path), "slide_version": stat.version}
+        shown = stores.location(slide_path) if stores.is_url(slide_path) else Path(slide_path)
+        where = {"slide_path": str(shown), "slide_version": stat.version}  # no credentials
         size, mtime = stat.size, None
     else:
         status = Path(slide_path).stat()

@@ -1,7 +1,8 @@
 """An open whole-slide image: levels, resolution and RGB pixel reads.
 
 OpenSlide opens every format it supports from local disk; a URL (s3://, gs://, https://)
-is a TIFF slide read in place (see in_place_tiff). This class adds what the workflow needs
+is a TIFF slide read in place (see in_place_tiff); a DICOM series in a folder or on a
+DICOMweb server is read through wsidicom (see dicom_wsi). This class adds what the workflow needs
 on top: a resolved mpp, level choice by resolution, RGB numpy arrays with transparent
 areas as white background, and errors that name the slide. Reads of tiled JPEG and JPEG
 2000 TIFF levels skip OpenSlide's ARGB round trip (see tiff_tiles) wherever that gives
@@ -18,6 +19,7 @@ import openslide
 
 from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
 from slidesnake.slides import stores
+from slidesnake.slides.dicom_wsi import DicomSeries, is_dicom_folder, open_series
 from slidesnake.slides.in_place_tiff import open_in_place
 from slidesnake.slides.mpp import Mpp, resolve_mpp
 from slidesnake.slides.tiff_tiles import TiffTiledLevels, TiledLevel
@@ -42,11 +44,21 @@ class Slide:
     resolved. `path` is where it may be shown: a URL without credentials."""
 
     def __init__(self, path: str | Path, slide_id: str | None = None, mpp: float | None = None):
-        self.in_place = stores.is_url(path)
-        self.path: str | Path = stores.location(path) if self.in_place else Path(path)
+        url = stores.is_url(path)
+        dicom = stores.is_dicomweb(path) or is_dicom_folder(path)
+        # A TIFF read in place holds no handle that a fork would share: loader workers
+        # reuse it, index and all. OpenSlide's and wsidicom's handles must not cross one.
+        self.in_place = url and not dicom
+        self.path: str | Path = stores.location(path) if url else Path(path)
         self.slide_id = slide_id or Path(str(self.path)).stem
         self._osr: openslide.OpenSlide | None = None
-        if self.in_place:
+        self._dicom: DicomSeries | None = None
+        self._tiff: TiffTiledLevels | None = None
+        if dicom:
+            self._dicom = open_series(path, self.slide_id)
+            self.properties = self._dicom.properties
+            sizes, downsamples = self._dicom.level_dimensions, self._dicom.level_downsamples
+        elif self.in_place:
             found = open_in_place(str(path), self.slide_id)
             self.properties, self._tiff = found.properties, found.tiled
             sizes, downsamples = found.level_dimensions, found.level_downsamples
@@ -59,7 +71,7 @@ class Slide:
             Level(i, w, h, float(d))
             for i, ((w, h), d) in enumerate(zip(sizes, downsamples, strict=True))
         )
-        if not self.in_place:
+        if self._osr is not None:
             self._tiff = TiffTiledLevels.open(self.path, self.vendor, sizes)
 
     def _open(self) -> openslide.OpenSlide:
@@ -121,6 +133,8 @@ class Slide:
         try:
             if tiled is not None and x % d == 0 and y % d == 0:
                 return tiled.read(int(x // d), int(y // d), width, height)
+            if self._dicom is not None:  # wsidicom: the nearest whole pixel of the level
+                return self._dicom.read(level, round(x / d), round(y / d), width, height)
             if self._osr is None:  # in place: the nearest whole pixel of the level
                 return self._tiff.levels[level].read(round(x / d), round(y / d), width, height)
             rgba = np.asarray(self._osr.read_region((x, y), level, (width, height)))
@@ -161,6 +175,8 @@ class Slide:
     def close(self) -> None:
         if self._osr is not None:
             self._osr.close()
+        if self._dicom is not None:
+            self._dicom.close()
         if self._tiff is not None:
             self._tiff.close()
 

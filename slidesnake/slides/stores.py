@@ -15,8 +15,10 @@ before it opens a slide, and forked loader workers inherit it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,8 +43,9 @@ LOCAL_ONLY = {
     ".svslide": "Sakura",
     ".isyntax": "Philips iSyntax",
     ".czi": "Zeiss CZI",
-    ".dcm": "DICOM",
 }
+# A DICOMweb series: its server's base URL, study and series instance UIDs.
+DICOMWEB = re.compile(r"^(https?://.+?)/studies/([0-9.]+)/series/([0-9.]+)/?$")
 
 
 @dataclass(frozen=True)
@@ -132,9 +135,30 @@ def filesystem(url: str, slide_id: str = "") -> tuple[Any, str]:
     return fs, (url if protocol == "http" else cls._strip_protocol(url))
 
 
+def is_dicomweb(path: str | Path) -> bool:
+    """Whether `path` is the URL of a DICOMweb series."""
+    return is_url(path) and DICOMWEB.match(str(path)) is not None
+
+
+def dicomweb_parts(url: str) -> tuple[str, str, str]:
+    """(server base URL, study UID, series UID) of a DICOMweb series URL."""
+    found = DICOMWEB.match(url)
+    if found is None:
+        raise ValueError(f"not a DICOMweb series URL: {location(url)}")
+    return found.group(1), found.group(2), found.group(3)
+
+
 def check_format(url: str, slide_id: str) -> None:
     """Fail a URL to a format only OpenSlide reads, saying what to do instead."""
     suffix = Path(urlsplit(url).path).suffix.lower()
+    if suffix == ".dcm":
+        raise SlideOpenError(
+            slide_id,
+            location(url),
+            "a DICOM file by URL is one instance of a series, not a slide",
+            "give the series' DICOMweb URL (.../studies/<UID>/series/<UID>), or a local "
+            "folder holding the series",
+        )
     if suffix in LOCAL_ONLY:
         raise SlideOpenError(
             slide_id,
@@ -159,12 +183,27 @@ class SlideStat(NamedTuple):
 
 
 def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
-    """The slide's size and version; a missing or forbidden one fails its slide."""
+    """The slide's size and version; a missing or forbidden one fails its slide. A DICOM
+    series (a folder, or on DICOMweb) is identified by its instances."""
+    if is_dicomweb(path):
+        from slidesnake.slides.dicom_wsi import series_stat
+
+        return series_stat(str(path), slide_id)
+    if not is_url(path) and Path(path).is_dir():
+        return _folder_stat(Path(path))
     if not is_url(path):
         status = os.stat(path)
         return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
     fs, key = filesystem(str(path), slide_id)
     return _object_stat(fs, key, str(path), slide_id)
+
+
+def _folder_stat(folder: Path) -> SlideStat:
+    """A series folder: the names, sizes and mtimes of its files, as one digest."""
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+    return SlideStat(sum(size for _, size, _ in listing), f"{len(files)} files, sha256 {digest}")
 
 
 def stat_slides(paths: Iterable[str]) -> dict[str, str]:
@@ -182,6 +221,8 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
     def describe(url: str) -> str:
         fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
         try:
+            if is_dicomweb(url):
+                return stat_slide(url, "").describe()
             if isinstance(fs, SlideOpenError):
                 raise fs
             key = url if "http" in fs.protocol else fs._strip_protocol(url)

@@ -38,7 +38,12 @@ from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.embed.settings import model_configs
 from slidesnake.errors import ConfigError, SlidesnakeError
 from slidesnake.side_files import file_digest
-from slidesnake.slides.stores import configure as configure_storage, is_url, stat_slides
+from slidesnake.slides.stores import (
+    configure as configure_storage,
+    is_url,
+    stat_slide,
+    stat_slides,
+)
 from slidesnake.models.registry import check_model_config, model_spec
 
 
@@ -232,6 +237,8 @@ def slide_identity(wildcards):
     path = slide_file(wildcards)
     if is_url(path):
         return slides_in_stores().get(path) or stat_slides([path])[path]
+    if Path(path).is_dir():  # a DICOM series: its files
+        return stat_slide(path, wildcards.slide_id).describe()
     try:
         status = os.stat(slide_file(wildcards))
     except OSError:

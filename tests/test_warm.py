@@ -327,3 +327,5 @@ def test_a_warm_interpreter_imports_a_stores_filesystem_for_its_slide_jobs_only(
     assert "aiohttp" in warm_modules("make_tile_coords", job("https://host/a.svs"))
     assert not {"s3fs", "aiohttp"} & set(warm_modules("make_tissue_mask", job("/data/a.svs")))
     assert "s3fs" not in warm_modules("pool_slide", job("s3://bucket/a.svs"))
+    series = "https://pacs.example.org/dicom-web/studies/1.2/series/3.4"
+    assert "wsidicom" in warm_modules("embed_tiles", job(series))

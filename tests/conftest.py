@@ -65,6 +65,22 @@ def blob_slide(tmp_path_factory) -> Path:
     return write_slide(path, 6000, 4500, shapes, mpp=0.5, levels=2, vendor="generic", seed=7)
 
 
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on loopback, with the tests' credentials in the environment."""
+    from store_servers import S3_ENV, s3_server
+
+    saved = {key: os.environ.get(key) for key in S3_ENV}
+    os.environ.update(S3_ENV)
+    with s3_server() as server:
+        yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def shared_slides() -> Path:
     if not SHARED_SLIDES.is_dir():

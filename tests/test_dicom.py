@@ -86,6 +86,22 @@ def test_a_dicomweb_series_gives_the_folders_pixels_masks_and_tiles(series, orth
     assert stores.stat_slides([url])[url] == first.describe()
 
 
+def test_a_series_under_a_bucket_prefix_reads_as_its_folder(series, s3):
+    for path in sorted(series.glob("*.dcm")):
+        s3.put("archive", f"cmu-series/{path.name}", path)
+    stores.configure(s3.storage)
+    try:
+        prefix = "s3://archive/cmu-series/"
+        with Slide(series, "s") as local, Slide(prefix, "s") as remote:
+            _same_slide(local, remote)
+        first = stores.stat_slide(prefix, "s")
+        assert first.version.startswith("3 objects") and first.size > 0
+        s3.put("archive", "cmu-series/level-2.dcm", b"replaced")
+        assert stores.stat_slide(prefix, "s") != first
+    finally:
+        stores.configure(None)
+
+
 def test_dicom_failures_fail_their_slide_in_one_line(series, orthanc, shared_slides, tmp_path):
     missing = f"{orthanc.url}/dicom-web/studies/1.2.3/series/4.5.6"
     with pytest.raises(SlideOpenError, match=r"slide 's' \(http://127\.0\.0\.1:\d+/dicom-web/"):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import numpy as np
 import pytest
 from conftest import SHARED_SLIDES, jobs_run
-from store_servers import FLAKY, S3_ENV, SECRET, RangeServer, s3_server
+from store_servers import FLAKY, SECRET, RangeServer
 
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
@@ -25,19 +24,6 @@ from slidesnake.tiling.tile_table import read_tiles
 from slidesnake.tiling.tissue import TissueParams
 
 pytestmark = pytest.mark.store
-
-
-@pytest.fixture(scope="module")
-def s3():
-    saved = {key: os.environ.get(key) for key in S3_ENV}
-    os.environ.update(S3_ENV)
-    with s3_server() as server:
-        yield server
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -60,13 +60,13 @@ def _store_modules(function: str, job: Any) -> tuple[str, ...]:
     if function not in SLIDE_STAGES:
         return ()
     from slidesnake.slides.dicom_wsi import is_dicom_folder
-    from slidesnake.slides.stores import is_dicomweb
+    from slidesnake.slides.stores import is_dicom_prefix, is_dicomweb
 
     slide = str(job.params.slide)
     scheme = slide.partition("://")[0].lower()
     modules = STORES.get(scheme, ("aiohttp",) if scheme in ("http", "https") else ())
-    if is_dicomweb(slide) or is_dicom_folder(slide):
-        modules = ("wsidicom",)
+    if is_dicomweb(slide) or is_dicom_folder(slide) or is_dicom_prefix(slide):
+        modules = ("wsidicom", *modules)
     return tuple(m for m in modules if importlib.util.find_spec(m))  # gcsfs is optional
 
 

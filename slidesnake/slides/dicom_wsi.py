@@ -4,7 +4,8 @@ on a DICOMweb server (a hospital archive, Orthanc, Google's Healthcare API) by i
 OpenSlide reads a local DICOM file (and finds the rest of its series beside it); this path
 is for what it cannot: a series served over DICOMweb, read frame by frame in place, and
 transfer syntaxes it refuses (JPEG-LS, HTJ2K where imagecodecs decodes them). The sheet
-names a series by its folder, or by its DICOMweb URL:
+names a series by its folder, by a bucket prefix ending in '/' (`s3://bucket/series/`),
+or by its DICOMweb URL:
 `https://host/dicom-web/studies/<StudyInstanceUID>/series/<SeriesInstanceUID>`.
 
 A series' identity, for re-runs, is its SOP Instance UIDs: one search request.
@@ -72,6 +73,8 @@ def open_series(path: str | Path, slide_id: str) -> DicomSeries:
     try:
         if is_dicom_folder(path):
             wsi = WsiDicom.open(Path(path))
+        elif stores.is_dicom_prefix(path):
+            wsi = WsiDicom.open(_bucket_path(str(path)))
         else:
             base, study, series = stores.dicomweb_parts(str(path))
             with warnings.catch_warnings():  # an ICC profile left on the server, unread
@@ -114,6 +117,14 @@ def series_stat(url: str, slide_id: str) -> stores.SlideStat:
     uids = sorted(item["00080018"]["Value"][0] for item in answer.json())
     digest = hashlib.sha256("\n".join(uids).encode()).hexdigest()[:16]
     return stores.SlideStat(len(uids), f"DICOM instances sha256 {digest}")
+
+
+def _bucket_path(url: str) -> Any:
+    """The prefix as a universal_pathlib path, with the run's storage options."""
+    from upath import UPath
+
+    protocol = stores.PROTOCOLS[url.partition("://")[0].lower()]
+    return UPath(url, **stores.settings().filesystem_options(protocol))
 
 
 def _client(base: str) -> Any:

@@ -45,7 +45,7 @@ class Slide:
 
     def __init__(self, path: str | Path, slide_id: str | None = None, mpp: float | None = None):
         url = stores.is_url(path)
-        dicom = stores.is_dicomweb(path) or is_dicom_folder(path)
+        dicom = stores.is_dicomweb(path) or stores.is_dicom_prefix(path) or is_dicom_folder(path)
         # A TIFF read in place holds no handle that a fork would share: loader workers
         # reuse it, index and all. OpenSlide's and wsidicom's handles must not cross one.
         self.in_place = url and not dicom

@@ -140,6 +140,15 @@ def is_dicomweb(path: str | Path) -> bool:
     return is_url(path) and DICOMWEB.match(str(path)) is not None
 
 
+def is_dicom_prefix(path: str | Path) -> bool:
+    """Whether `path` is a bucket prefix (ending in '/') holding a DICOM series."""
+    return (
+        is_url(path)
+        and urlsplit(str(path)).scheme.lower() in ("s3", "gs", "gcs")
+        and str(path).endswith("/")
+    )
+
+
 def dicomweb_parts(url: str) -> tuple[str, str, str]:
     """(server base URL, study UID, series UID) of a DICOMweb series URL."""
     found = DICOMWEB.match(url)
@@ -191,6 +200,17 @@ def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
         return series_stat(str(path), slide_id)
     if not is_url(path) and Path(path).is_dir():
         return _folder_stat(Path(path))
+    if is_dicom_prefix(path):
+        fs, key = filesystem(str(path), slide_id)
+        try:
+            listing = sorted(
+                (i["name"], i.get("size"), i.get("ETag")) for i in fs.ls(key, detail=True)
+            )
+        except Exception as err:
+            raise open_error(_why(fs, key, err), slide_id, location(path)) from None
+        digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+        size = sum(size or 0 for _, size, _ in listing)
+        return SlideStat(size, f"{len(listing)} objects, sha256 {digest}")
     if not is_url(path):
         status = os.stat(path)
         return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
@@ -221,7 +241,7 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
     def describe(url: str) -> str:
         fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
         try:
-            if is_dicomweb(url):
+            if is_dicomweb(url) or is_dicom_prefix(url):
                 return stat_slide(url, "").describe()
             if isinstance(fs, SlideOpenError):
                 raise fs

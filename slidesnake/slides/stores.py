@@ -201,21 +201,25 @@ def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
     if not is_url(path) and Path(path).is_dir():
         return _folder_stat(Path(path))
     if is_dicom_prefix(path):
-        fs, key = filesystem(str(path), slide_id)
-        try:
-            listing = sorted(
-                (i["name"], i.get("size"), i.get("ETag")) for i in fs.ls(key, detail=True)
-            )
-        except Exception as err:
-            raise open_error(_why(fs, key, err), slide_id, location(path)) from None
-        digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
-        size = sum(size or 0 for _, size, _ in listing)
-        return SlideStat(size, f"{len(listing)} objects, sha256 {digest}")
+        return _prefix_stat(str(path), slide_id)
     if not is_url(path):
         status = os.stat(path)
         return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
     fs, key = filesystem(str(path), slide_id)
     return _object_stat(fs, key, str(path), slide_id)
+
+
+def _prefix_stat(url: str, slide_id: str) -> SlideStat:
+    """A series under a bucket prefix: its objects' names, sizes and ETags, as one digest."""
+    fs, key = filesystem(url, slide_id)
+    try:
+        objects = fs.ls(key, detail=True)
+    except Exception as err:
+        raise open_error(_why(fs, key, err), slide_id, location(url)) from None
+    listing = sorted((item["name"], item.get("size") or 0, item.get("ETag")) for item in objects)
+    digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+    size = sum(size for _, size, _ in listing)
+    return SlideStat(size, f"{len(listing)} objects, sha256 {digest}")
 
 
 def _folder_stat(folder: Path) -> SlideStat:

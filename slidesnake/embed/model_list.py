@@ -180,8 +180,9 @@ def embed_slide_models(
             runs.append(_run(models[key], writer, dtype))
         timings = run_models(runs, batches, dataset.batch_shape, first, device)
         timings["startup_s"] = timings.pop("first_batch_at") - started
+        slide = slide_attributes(slide_path, slide_id, geometry)  # a stat (a store: a request)
         for key, run in zip(stale, runs, strict=True):
-            attributes = _attributes(slide_path, slide_id, geometry, key, run, settings[key])
+            attributes = _attributes(slide, key, run, settings[key])
             digest = digests.get(key)
             attributes |= {"embedding_key": keys[key], "timings": timings}
             attributes["weights_sha256"] = digest.value() if digest else None
@@ -242,8 +243,8 @@ def _embedder(
     return embedder
 
 
-def _attributes(slide_path, slide_id, geometry, key: str, run, settings) -> dict:
-    slide = slide_attributes(slide_path, slide_id, geometry)
+def _attributes(slide: dict, key: str, run, settings) -> dict:
+    """One model's zarr attributes: the slide's (`slide_attributes`) and its own."""
     if not isinstance(run, ModelRun):
         return {**slide, "model_key": key, **run.attributes()}
     embedder = run.embedder

@@ -57,13 +57,15 @@ class RemoteRanges:
     of transient failures. Each process makes its own filesystem (an fsspec instance and
     its event loop must not cross a fork) and counts its own requests."""
 
-    def __init__(self, url: str, size: int, slide_id: str):
-        self.url, self.size, self.slide_id = url, size, slide_id
+    def __init__(self, url: str, slide_id: str):
+        self.url, self.slide_id = url, slide_id
         self.where = stores.location(url)
         self._pid: int | None = None
         self._fs: tuple[Any, str] | None = None
         self._held: dict[int, memoryview] = {}
         self.bytes_read = self.requests = 0
+        # Asked with the filesystem the reads use: one client per process, not two.
+        self.size = stores.object_stat(*self._filesystem(), url, slide_id).size
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._pid != os.getpid():

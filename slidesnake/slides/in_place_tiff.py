@@ -40,8 +40,7 @@ def open_in_place(url: str, slide_id: str) -> InPlaceTiff:
     """Open the TIFF slide at `url`; a format or layout it cannot read fails the slide with
     a line that says to copy it locally (where OpenSlide reads it) or convert it."""
     stores.check_format(url, slide_id)
-    stat = stores.stat_slide(url, slide_id)
-    ranges = RemoteRanges(url, stat.size, slide_id)
+    ranges = RemoteRanges(url, slide_id)
     damage = _Damage()
     tifffile_log = logging.getLogger("tifffile")
     tifffile_log.addHandler(damage)
@@ -54,7 +53,7 @@ def open_in_place(url: str, slide_id: str) -> InPlaceTiff:
         ) from None
     finally:
         tifffile_log.removeHandler(damage)
-    problem = damage.problem or _layout_problem(pages, stat.size)
+    problem = damage.problem or _layout_problem(pages, ranges.size)
     if problem:
         tiff.close()
         raise _not_readable(url, slide_id, problem)

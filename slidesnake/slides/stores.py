@@ -206,7 +206,7 @@ def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
         status = os.stat(path)
         return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
     fs, key = filesystem(str(path), slide_id)
-    return _object_stat(fs, key, str(path), slide_id)
+    return object_stat(fs, key, str(path), slide_id)
 
 
 def _prefix_stat(url: str, slide_id: str) -> SlideStat:
@@ -250,7 +250,7 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
             if isinstance(fs, SlideOpenError):
                 raise fs
             key = url if "http" in fs.protocol else fs._strip_protocol(url)
-            return _object_stat(fs, key, url, "").describe()
+            return object_stat(fs, key, url, "").describe()
         except SlideOpenError as err:
             return f"unreadable ({err.problem})"
 
@@ -265,7 +265,8 @@ def _filesystem_or_error(url: str) -> Any:
         return err
 
 
-def _object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
+def object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
+    """The size and version of the object `key` of `fs`, the slide at `url`."""
     try:
         info = fs.info(key)
     except Exception as err:

@@ -40,8 +40,9 @@ class Level:
 
 
 class Slide:
-    """A slide opened with OpenSlide, or read in place from a store, with its level-0 mpp
-    resolved. `path` is where it may be shown: a URL without credentials."""
+    """A slide opened with OpenSlide, read in place from a store, or a DICOM series read
+    through wsidicom, with its level-0 mpp resolved. `path` is where it may be shown: a URL
+    without credentials."""
 
     def __init__(self, path: str | Path, slide_id: str | None = None, mpp: float | None = None):
         url = stores.is_url(path)

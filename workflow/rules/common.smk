@@ -1,5 +1,4 @@
 import functools
-import os
 import time
 from pathlib import Path
 
@@ -237,13 +236,10 @@ def slide_identity(wildcards):
     path = slide_file(wildcards)
     if is_url(path):
         return slides_in_stores().get(path) or stat_slides([path])[path]
-    if Path(path).is_dir():  # a DICOM series: its files
-        return stat_slide(path, wildcards.slide_id).describe()
     try:
-        status = os.stat(slide_file(wildcards))
+        return stat_slide(path, wildcards.slide_id).describe()
     except OSError:
         return "missing"
-    return f"{status.st_size} bytes, mtime {status.st_mtime_ns} ns"
 
 
 def tiling_inputs(wildcards):

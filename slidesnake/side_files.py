@@ -21,6 +21,7 @@ MAX_BYTES = {
     "regions": 100 * MB,  # a GeoJSON of ~3 million vertices
     "coordinates": 256 * MB,  # a CSV of ~15 million tiles
     "head": 1024 * MB,
+    "samples": 256 * MB,  # a sample sheet of ~1 million slides
 }
 
 

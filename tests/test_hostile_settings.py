@@ -127,6 +127,43 @@ def test_class_names_that_are_columns_are_refused(classes, problem):
         check_class_names(classes)
 
 
+def test_every_schema_pattern_is_anchored_at_the_true_end():
+    """A pattern ending in `$` lets a final newline through (`re.search` matches `$`
+    before it); a name with one passes its check and stops the cohort later."""
+    samples = yaml.safe_load((REPO / "workflow/schemas/samples.schema.yaml").read_text())
+    patterns = [value for schema in (SCHEMA, samples) for value in _patterns(schema)]
+    assert patterns and not [p for p in patterns if p.endswith("$")]
+
+
+def _patterns(node) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return own + [p for value in node.values() for p in _patterns(value)]
+    if isinstance(node, list):
+        return [p for value in node for p in _patterns(value)]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "where"),
+    [
+        ({"models": {"m\n": {"name": "vit_tiny_patch16_224"}}}, "models: "),
+        ({"head": {"classes": ["tumour\n", "stroma"]}}, "head.classes.0: "),
+        ({"roi": {"include": ["tumour\n"]}}, "roi.include.0: "),
+        ({"roi": {"exclude": ["pen\n"]}}, "roi.exclude.0: "),
+        ({"remote": {"token_env": "TOKEN\n"}}, "remote.token_env: "),
+    ],
+)
+def test_names_with_a_final_newline_are_refused(overrides, where):
+    (line,) = problems(overrides)
+    assert line.startswith(where) and "does not match" in line
+
+
+def test_class_names_with_control_characters_are_refused():
+    with pytest.raises(ConfigError, match="holds a control character"):
+        check_class_names(["tumour\n", "stroma"])
+
+
 def test_repeated_and_empty_class_names_are_refused():
     (line,) = problems({"head": {"classes": ["a", "b", "a"]}})
     assert line.startswith("head.classes: ") and "non-unique" in line

@@ -46,7 +46,15 @@ def storage(request):
 
 def test_a_url_is_shown_without_credentials_or_query():
     url = "https://user:pa55@host.example/a/b.svs?X-Amz-Signature=abc"
-    assert stores.location(url) == "https://host.example/a/b.svs?…"
+    assert stores.location(url) == "https://host.example/a/b.svs…"
+    for hidden in (
+        "https://host.example/a/b.svs#token=abc",
+        "https://host.example/a/b.svs;jsessionid=abc",
+        "https://host.example/a;sid=abc/b.svs",
+        "https://abc@host.example/a/b.svs?",
+    ):
+        assert stores.location(hidden).startswith("https://host.example/a")
+        assert "abc" not in stores.location(hidden) and stores.location(hidden).endswith("…")
     assert stores.location("s3://bucket/key.svs") == "s3://bucket/key.svs"
     assert stores.location("slides/a.svs") == "slides/a.svs"
     assert not stores.is_url("slides/a.svs") and stores.is_url("gs://b/k.svs")

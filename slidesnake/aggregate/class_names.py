@@ -21,6 +21,11 @@ def check_class_names(classes: Sequence[str] | None) -> None:
     problems += [
         f"{name!r} is a column of the prediction tables" for name in classes if name in RESERVED
     ]
+    problems += [
+        f"{name!r} holds a control character (a newline, a tab)"
+        for name in classes
+        if isinstance(name, str) and any(ord(c) < 32 or ord(c) == 127 for c in name)
+    ]
     if problems:
         raise ConfigError(
             f"head.classes: {'; '.join(problems)}; give each class its own name, none of "

@@ -17,14 +17,15 @@ from pathlib import Path
 import pandas as pd
 
 from slidesnake.errors import SampleSheetError
-from slidesnake.side_files import side_file_problem
+from slidesnake.side_files import MAX_BYTES, side_file_problem
 from slidesnake.slides.mpp import PLAUSIBLE_MPP
 from slidesnake.slides.stores import carries_credentials, is_url, location
 
 # Slide ids become directory names under results/slides/: letters, digits, '.', '_', '-',
 # starting with a letter, digit or '_' (not an option, not hidden), no '..', and short
-# enough for any file system once a job's temporary suffix is added.
-SAFE_ID = re.compile(r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+# enough for any file system once a job's temporary suffix is added. Always `fullmatch`ed:
+# a `$` would let a final newline through.
+SAFE_ID = re.compile(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 # The workflow's `slide_id` wildcard: the same characters, as a pattern whose cost does not
 # grow with the cohort (an alternation of every id made each match O(slides)).
 SLIDE_ID_WILDCARD = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
@@ -35,8 +36,14 @@ def read_sample_sheet(path: str | Path, base_dir: str | Path = ".") -> pd.DataFr
     tile) and `coords` (another tool's tile coordinates), indexed by slide id.
 
     Relative slide paths are taken from `base_dir` (Snakemake's working directory). Lines
-    whose first cell starts with '#' are comments.
+    whose first cell starts with '#' are comments. The sheet is checked as the files it
+    names are: a FIFO would hang the run at DAG time, /dev/zero would fill its memory.
     """
+    problem = side_file_problem(path, MAX_BYTES["samples"])
+    if problem is not None:
+        raise SampleSheetError(
+            f"sample sheet {path}: {problem}; give a tab-separated file (samples: in the config)"
+        )
     try:
         sheet = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, na_filter=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
@@ -78,7 +85,7 @@ def _problems(sheet: pd.DataFrame, base_dir: Path) -> list[str]:
     problems = []
     for row, record in enumerate(sheet.itertuples(index=False), start=2):
         slide_id = record.slide_id
-        if not SAFE_ID.match(slide_id):
+        if not SAFE_ID.fullmatch(slide_id):
             problems.append(
                 f"line {row}: slide_id {slide_id!r} is not a portable file name (use at "
                 "most 128 letters, digits, '.', '_', '-', starting with a letter, digit "
@@ -102,10 +109,10 @@ def _path_problems(row: int, slide_id: str, record, base_dir: Path) -> list[str]
         if column == "path" and is_url(path):
             if carries_credentials(path):  # Snakemake records each job's params on disk
                 problems.append(
-                    f"line {row}: slide '{slide_id}': the URL carries credentials "
-                    "(user:password@ or a signed query), which the run would record in "
-                    ".snakemake/; give them the store's usual way (environment, profile, "
-                    "instance role) and the plain URL here"
+                    f"line {row}: slide '{slide_id}': the URL may carry credentials "
+                    "(user:password@, a signed ?query, a #fragment or a ;parameter), which "
+                    "the run would record in .snakemake/; give them the store's usual way "
+                    "(environment, profile, instance role) and the plain URL here"
                 )
             continue  # read in place: what the store says is checked once per run
         if column == "path" and (base_dir / path).is_dir():

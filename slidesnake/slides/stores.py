@@ -44,8 +44,8 @@ LOCAL_ONLY = {
     ".isyntax": "Philips iSyntax",
     ".czi": "Zeiss CZI",
 }
-# A DICOMweb series: its server's base URL, study and series instance UIDs.
-DICOMWEB = re.compile(r"^(https?://.+?)/studies/([0-9.]+)/series/([0-9.]+)/?$")
+# A DICOMweb series: its server's base URL, study and series instance UIDs (`fullmatch`ed).
+DICOMWEB = re.compile(r"(https?://.+?)/studies/([0-9.]+)/series/([0-9.]+)/?")
 
 
 @dataclass(frozen=True)
@@ -95,19 +95,23 @@ def is_url(path: str | Path) -> bool:
 
 
 def carries_credentials(url: str) -> bool:
-    """Whether `url` holds a secret of its own: a user:password, or a query (a presigned
-    URL's signature, a token)."""
+    """Whether `url` may hold a secret of its own: a user or password, a query (a
+    presigned URL's signature, a token), a fragment or a path parameter (`;jsessionid=`).
+    A slide's URL needs none of them, and Snakemake writes params down."""
     parts = urlsplit(url)
-    return "@" in parts.netloc or bool(parts.query)
+    return "@" in parts.netloc or any(mark in url for mark in "?#;")
 
 
 def location(path: str | Path) -> str:
-    """`path` as it may be shown and written: a URL without credentials or query."""
+    """`path` as it may be shown and written: a URL without user, password, path
+    parameters, query or fragment ('…' marks where something was left out)."""
     if not is_url(path):
         return str(path)
     parts = urlsplit(str(path))
     host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}{parts.path}" + ("?…" if parts.query else "")
+    shown = "/".join(segment.partition(";")[0] for segment in parts.path.split("/"))
+    cut = shown != parts.path or any(mark in str(path) for mark in "?#")
+    return f"{parts.scheme}://{host}{shown}" + ("…" if cut else "")
 
 
 def filesystem(url: str, slide_id: str = "") -> tuple[Any, str]:
@@ -137,7 +141,7 @@ def filesystem(url: str, slide_id: str = "") -> tuple[Any, str]:
 
 def is_dicomweb(path: str | Path) -> bool:
     """Whether `path` is the URL of a DICOMweb series."""
-    return is_url(path) and DICOMWEB.match(str(path)) is not None
+    return is_url(path) and DICOMWEB.fullmatch(str(path)) is not None
 
 
 def is_dicom_prefix(path: str | Path) -> bool:
@@ -151,7 +155,7 @@ def is_dicom_prefix(path: str | Path) -> bool:
 
 def dicomweb_parts(url: str) -> tuple[str, str, str]:
     """(server base URL, study UID, series UID) of a DICOMweb series URL."""
-    found = DICOMWEB.match(url)
+    found = DICOMWEB.fullmatch(url)
     if found is None:
         raise ValueError(f"not a DICOMweb series URL: {location(url)}")
     return found.group(1), found.group(2), found.group(3)

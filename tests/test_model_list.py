@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from slidesnake import load_embeddings
 from slidesnake.cohort.rule_params import embedding_params
+from slidesnake.cohort.summary import write_cohort_summary
 from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.model_list import (
     ModelOutputs,
@@ -331,3 +332,25 @@ def test_a_model_that_fails_loses_no_other_models_outputs(
     assert load_embeddings(out["grid"].zarr)[0].shape == (80, 48)
     assert not out["broken"].zarr.exists() and not out["broken"].metrics.exists()
     assert [p.name for p in (tmp_path / "out").rglob(".*tmp-*")] == []
+
+
+def test_the_cohort_summary_of_a_model_list_with_nothing_done_lists_every_pair(tmp_path):
+    """A fresh run of two models where every job failed or never ran still writes a
+    cohort.tsv of every slide and model, with the failed model's reason, replacing the
+    previous run's table."""
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    (logs / "a" / "hopt").mkdir(parents=True)
+    (logs / "a" / "hopt" / "embed_tiles.log").write_text(
+        "12:00:00 ERROR slidesnake: slide 'a': model 'hopt': features are NaN\n"
+    )
+    results.mkdir()
+    (results / "cohort.tsv").write_text("slide_id\tstatus\nold\tdone\n")
+    write_cohort_summary(["a", "b"], results, logs, since=0, models=["hopt", "uni"])
+    table = pd.read_csv(results / "cohort.tsv", sep="\t", keep_default_na=False)
+    rows = table[["slide_id", "model", "status"]].values.tolist()
+    assert rows == [
+        ["a", "hopt", "failed"], ["a", "uni", "pending"],
+        ["b", "hopt", "pending"], ["b", "uni", "pending"],
+    ]  # fmt: skip
+    assert table.loc[0, "reason"] == "slide 'a': model 'hopt': features are NaN"
+    assert pd.read_parquet(results / "slide_features.parquet").empty

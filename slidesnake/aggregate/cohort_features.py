@@ -23,16 +23,17 @@ def gather_slide_features(done: pd.DataFrame, slides: Path, path: Path) -> pd.Da
         for _, folder, key in _folders(done, slides)
         if (folder / SLIDE_FEATURES).is_file()
     ]
-    table = (
-        pd.concat(tables, ignore_index=True)
-        if tables
-        else pd.DataFrame({"slide_id": [], "pooling": [], "model": [], "tiles": []}).astype(
-            {"slide_id": str, "pooling": str, "model": str, "tiles": "int64"}
-        )
-    )
+    table = pd.concat(tables, ignore_index=True) if tables else _no_features("model" in done)
     with atomic_output(path) as tmp:
         table.to_parquet(tmp, index=False)
     return table
+
+
+def _no_features(with_models: bool) -> pd.DataFrame:
+    """The columns of a cohort without slide features (model_key with several models)."""
+    key = {"model_key": str} if with_models else {}
+    columns = {"slide_id": str, **key, "pooling": str, "model": str, "tiles": "int64"}
+    return pd.DataFrame({name: [] for name in columns}).astype(columns)
 
 
 SLIDE_PREDICTION = "slide_prediction.tsv"

@@ -44,6 +44,10 @@ class SlideReadError(SlideError):
     """The slide opened but its pixels could not be decoded."""
 
 
+class StoreTimeoutError(SlideReadError):
+    """The store holding the slide did not answer within storage.*_timeout_s."""
+
+
 class SlideSizeError(SlideError):
     """Reading the slide would decode more pixels than the configured bound allows."""
 

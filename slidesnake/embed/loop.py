@@ -74,7 +74,8 @@ def embed_slide(
             timings = run_models([run], batches, dataset.batch_shape, settings, device)
             startup = _startup(clock, timings, embedder)
             timings |= startup
-            attributes = _attributes(slide_path, slide_id, geometry, embedder, settings, timings)
+            slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
+            attributes = _attributes(slide, embedder, settings, timings)
             attributes["weights_sha256"] = digest.value() if digest else None
             writer.finish(attributes)
     metrics = _metrics(len(coords), timings, startup, embedder, settings, device)
@@ -326,9 +327,9 @@ class _Drain(threading.Thread):
                     self.error = err
 
 
-def _attributes(slide_path, slide_id, geometry, embedder: Embedder, settings, timings) -> dict:
+def _attributes(slide: dict, embedder: Embedder, settings, timings) -> dict:
     return {
-        **slide_attributes(slide_path, slide_id, geometry),
+        **slide,
         "backend": "local",
         "model": embedder.spec.name,
         "model_output": embedder.spec.output,

@@ -180,7 +180,7 @@ def embed_slide_models(
             runs.append(_run(models[key], writer, dtype))
         timings = run_models(runs, batches, dataset.batch_shape, first, device)
         timings["startup_s"] = timings.pop("first_batch_at") - started
-        slide = slide_attributes(slide_path, slide_id, geometry)  # a stat (a store: a request)
+        slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
         for key, run in zip(stale, runs, strict=True):
             attributes = _attributes(slide, key, run, settings[key])
             digest = digests.get(key)

@@ -14,10 +14,14 @@ from slidesnake.slides import stores
 from slidesnake.tiling.grid import TileGeometry
 
 
-def slide_attributes(slide_path, slide_id: str, geometry: TileGeometry) -> dict[str, Any]:
-    """The zarr attributes that say which slide and which tiles, whatever the backend."""
+def slide_attributes(
+    slide_path, slide_id: str, geometry: TileGeometry, pinned: stores.SlideStat | None = None
+) -> dict[str, Any]:
+    """The zarr attributes that say which slide and which tiles, whatever the backend.
+    `pinned`: the version the reads were pinned to (a slide read in place), which is the
+    version the store holds, whatever it holds now."""
     if stores.is_url(slide_path) or Path(slide_path).is_dir():  # a store, a DICOM series
-        stat = stores.stat_slide(slide_path, slide_id)
+        stat = pinned or stores.stat_slide(slide_path, slide_id)
         shown = stores.location(slide_path) if stores.is_url(slide_path) else Path(slide_path)
         where = {"slide_path": str(shown), "slide_version": stat.version}  # no credentials
         size, mtime = stat.size, None

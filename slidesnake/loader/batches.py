@@ -79,6 +79,8 @@ class TileBatches:
         self._slide: Slide | None = self._open()
         grid = tile_reader(self._slide, self.plan, coords)[0].tile_grid
         self.planning_io = self._slide.io_counts()
+        # In place: the version every worker's reads are pinned to, for the records.
+        self.slide_stat = self._slide.pinned
         if not self._slide.in_place:
             self._slide.close()
             self._slide = None

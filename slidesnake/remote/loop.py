@@ -71,7 +71,7 @@ def embed_slide_remote(
             timings = _run(client, layout, spec, batches, writer, settings, dim)
             timings["startup_s"] = timings.pop("first_batch_at") - started
             writer.finish(
-                slide_attributes(slide_path, slide_id, geometry)
+                slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
                 | model_attributes(client, metadata, spec, dim, settings)
                 | {"timings": timings}
             )

@@ -13,14 +13,27 @@ place costs what it should.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from slidesnake.errors import SlideReadError
+from fsspec.asyn import sync
+
+from slidesnake.errors import SlideError, SlideReadError
 from slidesnake.slides import stores
+from slidesnake.slides.range_requests import (
+    NoRanges,
+    ObjectChanged,
+    ObjectVersion,
+    Oversized,
+    changed_error,
+    fetch_range,
+    oversized_error,
+)
 from slidesnake.slides.store_errors import is_transient, read_error
 
 # Ranges this close are fetched as one: a request costs more than a few KB of gap.
@@ -31,6 +44,8 @@ MAX_SPAN = 8 * 2**20
 BACKOFF_S = 0.2
 # Index blocks kept per slide: the index of a large slide is a few MB at most.
 MAX_BLOCKS = 64
+# Runs of fetched ranges held: the one being decoded and the one fetched ahead.
+HELD_RUNS = 2
 
 
 class FileRanges:
@@ -53,19 +68,28 @@ class FileRanges:
 
 
 class RemoteRanges:
-    """Byte ranges of an object in a store, fetched merged and concurrently, with retries
-    of transient failures. Each process makes its own filesystem (an fsspec instance and
-    its event loop must not cross a fork) and counts its own requests."""
+    """Byte ranges of one version of an object in a store, fetched merged and
+    concurrently, with retries of transient failures. The version is the one the store
+    named when this was made, before any fork: every process reads that version or
+    fails (`range_requests`). Each process makes its own filesystem (an fsspec instance
+    and its event loop must not cross a fork) and counts its own requests.
+
+    Fetched ranges are held for the run of cells that asked for them and the next one
+    (a worker decodes one run while the next is fetched), and a range already held is
+    not fetched again: tiles that share bytes cost one request, not one per tile."""
 
     def __init__(self, url: str, slide_id: str):
         self.url, self.slide_id = url, slide_id
         self.where = stores.location(url)
         self._pid: int | None = None
         self._fs: tuple[Any, str] | None = None
-        self._held: dict[int, memoryview] = {}
+        self._held: deque[dict[int, memoryview]] = deque(maxlen=HELD_RUNS)
         self.bytes_read = self.requests = 0
         # Asked with the filesystem the reads use: one client per process, not two.
-        self.size = stores.object_stat(*self._filesystem(), url, slide_id).size
+        info = stores.object_info(*self._filesystem(), url, slide_id)
+        self.stat = stores.stat_of(info)
+        self.version = ObjectVersion.from_info(info)
+        self.size = self.version.size
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._pid != os.getpid():
@@ -75,19 +99,33 @@ class RemoteRanges:
         return self._fs
 
     def read(self, offset: int, size: int) -> memoryview:
-        held = self._held.pop(offset, None)
-        if held is not None and len(held) == size:
-            return held
-        return self.fetch([(offset, offset + size)])[0]
+        held = self._find(offset, size)
+        return held if held is not None else self.fetch([(offset, offset + size)])[0]
+
+    def _find(self, offset: int, size: int) -> memoryview | None:
+        for run in reversed(list(self._held)):
+            held = run.get(offset)
+            if held is not None and len(held) >= size:
+                return held[:size]
+        return None
 
     def prefetch(self, ranges: Iterable[tuple[int, int]]) -> None:
         """Fetch these (offset, size) ranges now, merged, for the `read`s that follow."""
-        wanted = sorted({(o, o + n) for o, n in ranges if n > 0 and o not in self._held})
+        run: dict[int, memoryview] = {}
+        wanted = []
+        for offset, size in sorted({(o, n) for o, n in ranges if n > 0}):
+            held = self._find(offset, size)
+            if held is not None:
+                run[offset] = held
+            else:
+                wanted.append((offset, offset + size))
         spans = merge_ranges(wanted)
         blobs = self.fetch([(start, end) for start, end, _ in spans])
         for (start, _, parts), blob in zip(spans, blobs, strict=True):
             for offset, end in parts:
-                self._held[offset] = blob[offset - start : end - start]
+                if len(run.get(offset, b"")) < end - offset:
+                    run[offset] = blob[offset - start : end - start]
+        self._held.append(run)
 
     def fetch(self, ranges: list[tuple[int, int]]) -> list[memoryview]:
         """The bytes of each [start, end) range, fetched concurrently; ranges that fail
@@ -101,11 +139,7 @@ class RemoteRanges:
         for attempt in range(settings.retries + 1):
             fs, key = self._filesystem()
             self.requests += len(pending)
-            blobs = fs.cat_ranges(
-                [key] * len(pending), [ranges[i][0] for i in pending],
-                [ranges[i][1] for i in pending],
-                batch_size=settings.concurrency, on_error="return",
-            )  # fmt: skip
+            blobs = sync(fs.loop, self._gather, fs, key, [ranges[i] for i in pending])
             failures = []
             for i, blob in zip(pending, blobs, strict=True):
                 if isinstance(blob, BaseException):
@@ -117,10 +151,29 @@ class RemoteRanges:
                 return [got[i] for i in range(len(ranges))]
             failure = failures[0][1]
             if attempt == settings.retries or not is_transient(failure):
-                raise read_error(failure, self.slide_id, self.where, attempt + 1)
+                raise self._error(failure, attempt + 1)
             pending = [i for i, _ in failures]
             time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError("unreachable")
+
+    async def _gather(self, fs: Any, key: str, ranges: list[tuple[int, int]]) -> list:
+        settings = stores.settings()
+        slots = asyncio.Semaphore(settings.concurrency)
+
+        async def one(start: int, end: int) -> bytes:
+            async with slots:
+                return await fetch_range(fs, key, start, end, self.version, settings.deadlines)
+
+        return await asyncio.gather(*(one(*r) for r in ranges), return_exceptions=True)
+
+    def _error(self, failure: BaseException, tries: int) -> SlideError:
+        if isinstance(failure, ObjectChanged):
+            return changed_error(self.slide_id, self.where, str(failure))
+        if isinstance(failure, Oversized):
+            return oversized_error(self.slide_id, self.where, str(failure))
+        if isinstance(failure, NoRanges):
+            return self._no_ranges(str(failure))
+        return read_error(failure, self.slide_id, self.where, tries)
 
     def _check_inside(self, ranges: list[tuple[int, int]]) -> None:
         end = max(r[1] for r in ranges)
@@ -129,18 +182,26 @@ class RemoteRanges:
 
     def _whole(self, blob: memoryview, wanted: tuple[int, int]) -> memoryview:
         size = wanted[1] - wanted[0]
-        if len(blob) > size:  # a whole object for a byte range, at every request
+        if len(blob) != size:
             raise SlideReadError(
                 self.slide_id,
                 self.where,
-                f"the server answered a request for {size} bytes with {len(blob)}: it does "
-                "not honour Range requests, so every tile would cost the whole slide",
-                "serve the slide from a server that answers Range requests (object stores "
-                "and most web servers do), or copy it to a local or shared filesystem",
+                f"the server answered a request for {size} bytes at byte {wanted[0]} with "
+                f"{len(blob)}, though it said the object has {self.size} bytes",
+                "check the object in its store and the server in front of it; if the object "
+                "is shorter than that, upload it again",
             )
-        if len(blob) < size:
-            raise self._truncated(wanted[1])
         return blob
+
+    def _no_ranges(self, answer: str) -> SlideReadError:
+        return SlideReadError(
+            self.slide_id,
+            self.where,
+            f"the server answered a byte range request with the whole object ({answer}): "
+            "it does not honour Range requests, so every tile would cost the whole slide",
+            "serve the slide from a server that answers Range requests (object stores "
+            "and most web servers do), or copy it to a local or shared filesystem",
+        )
 
     def _truncated(self, end: int) -> SlideReadError:
         return SlideReadError(

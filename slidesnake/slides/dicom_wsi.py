@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from slidesnake.errors import SlideOpenError
+from slidesnake.errors import SlideError, SlideOpenError
 from slidesnake.slides import stores
-from slidesnake.slides.store_errors import open_error
+from slidesnake.slides.range_requests import Oversized, Unanswered, oversized_error
+from slidesnake.slides.store_errors import open_error, silent_error
+from slidesnake.slides.web_session import bounded_session
 
 FIX_SERIES = (
     "give a folder holding one DICOM whole-slide series, or the DICOMweb URL of a series "
@@ -66,15 +68,19 @@ class DicomSeries:
 
 
 def open_series(path: str | Path, slide_id: str) -> DicomSeries:
-    """Open the DICOM series at `path` (a folder or a DICOMweb series URL)."""
+    """Open the DICOM series at `path` (a folder, a bucket prefix or a DICOMweb series
+    URL); a folder or prefix must hold exactly one series."""
     from wsidicom import WsiDicom
+    from wsidicom.file import WsiDicomFileSource
 
     where = stores.location(path)
     try:
-        if is_dicom_folder(path):
-            wsi = WsiDicom.open(Path(path))
-        elif stores.is_dicom_prefix(path):
-            wsi = WsiDicom.open(_bucket_path(str(path)))
+        if is_dicom_folder(path) or stores.is_dicom_prefix(path):
+            source = WsiDicomFileSource.open(
+                Path(path) if is_dicom_folder(path) else _bucket_path(str(path))
+            )
+            _one_series(source, slide_id, where)
+            wsi = WsiDicom(source, True)
         else:
             base, study, series = stores.dicomweb_parts(str(path))
             with warnings.catch_warnings():  # an ICC profile left on the server, unread
@@ -98,22 +104,46 @@ def open_series(path: str | Path, slide_id: str) -> DicomSeries:
     return DicomSeries(properties, dims, downsamples, wsi, tuple(lv.level for lv in levels))
 
 
+def _one_series(source: Any, slide_id: str, where: str) -> None:
+    """A folder or prefix holding the levels of two series would be read as one of them,
+    whichever wsidicom met first: refuse it, naming the series found."""
+    from wsidicom.metadata import ImageType
+
+    found = sorted(
+        {
+            str(r.uids.slide.series_instance)
+            for r in source.readers
+            if r.image_type == ImageType.VOLUME
+        }
+    )
+    if len(found) > 1:
+        source.close()
+        raise SlideOpenError(
+            slide_id,
+            where,
+            f"it holds the levels of {len(found)} DICOM series ({', '.join(found)}), and "
+            "a slide is one series",
+            "give each series a folder (or bucket prefix) of its own and a row of its own "
+            "in the sample sheet, or give the series' DICOMweb URL",
+        )
+
+
 def series_stat(url: str, slide_id: str) -> stores.SlideStat:
     """A DICOMweb series' instances, as its identity: a changed instance changes it."""
-    import requests
-
     base, study, series = stores.dicomweb_parts(url)
     try:
-        answer = requests.get(
+        answer = _session().get(
             f"{base}/studies/{study}/series/{series}/instances",
             headers={"Accept": "application/dicom+json"},
-            timeout=60,
         )
         if answer.status_code == 204 or (answer.ok and not answer.json()):
             raise FileNotFoundError(url)
         answer.raise_for_status()
     except Exception as err:
-        raise open_error(_with_status(err), slide_id, stores.location(url)) from None
+        where = stores.location(url)
+        raise (
+            bound_failure(err, slide_id, where) or open_error(_with_status(err), slide_id, where)
+        ) from None
     uids = sorted(item["00080018"]["Value"][0] for item in answer.json())
     digest = hashlib.sha256("\n".join(uids).encode()).hexdigest()[:16]
     return stores.SlideStat(len(uids), f"DICOM instances sha256 {digest}")
@@ -130,7 +160,13 @@ def _bucket_path(url: str) -> Any:
 def _client(base: str) -> Any:
     from wsidicom import WsiDicomWebClient
 
-    return WsiDicomWebClient.create_client(base)
+    return WsiDicomWebClient.create_client(base, auth=_session())
+
+
+def _session() -> Any:
+    """Requests bounded as every read of a store is (storage.*_timeout_s, max_answer_mb)."""
+    settings = stores.settings()
+    return bounded_session(settings.deadlines, settings.max_answer_mb << 20)
 
 
 def _with_status(err: BaseException) -> BaseException:
@@ -141,9 +177,12 @@ def _with_status(err: BaseException) -> BaseException:
     return err
 
 
-def _open_failure(err: Exception, slide_id: str, where: str) -> SlideOpenError:
+def _open_failure(err: Exception, slide_id: str, where: str) -> SlideError:
     from wsidicom.errors import WsiDicomNotFoundError
 
+    bounded = bound_failure(err, slide_id, where)
+    if bounded is not None:
+        return bounded
     if isinstance(err, WsiDicomNotFoundError):
         return SlideOpenError(
             slide_id, where, f"no DICOM whole-slide series there ({err})", FIX_SERIES
@@ -157,3 +196,14 @@ def _open_failure(err: Exception, slide_id: str, where: str) -> SlideOpenError:
         f"wsidicom cannot open the series ({type(err).__name__})",
         "check that it is a VL Whole Slide Microscopy series, or export it again",
     )
+
+
+def bound_failure(err: BaseException, slide_id: str, where: str) -> SlideError | None:
+    """The slide's error for an answer past its bounds (in time or size), else None."""
+    import requests
+
+    if isinstance(err, Oversized):
+        return oversized_error(slide_id, where, str(err))
+    if isinstance(err, Unanswered | requests.Timeout | TimeoutError):
+        return silent_error(err, slide_id, where)
+    return None

@@ -19,7 +19,7 @@ import openslide
 
 from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
 from slidesnake.slides import stores
-from slidesnake.slides.dicom_wsi import DicomSeries, is_dicom_folder, open_series
+from slidesnake.slides.dicom_wsi import DicomSeries, bound_failure, is_dicom_folder, open_series
 from slidesnake.slides.in_place_tiff import open_in_place
 from slidesnake.slides.mpp import Mpp, resolve_mpp
 from slidesnake.slides.tiff_tiles import TiffTiledLevels, TiledLevel
@@ -142,7 +142,8 @@ class Slide:
         except SlideError:
             raise  # the store's failure, already said
         except Exception as err:
-            raise self.read_error(level, x, y, err) from None
+            bounded = bound_failure(err, self.slide_id, str(self.path))  # a server's answer
+            raise (bounded or self.read_error(level, x, y, err)) from None
         rgb = rgba[..., :3].copy()
         if rgba[..., 3].min() < 255:
             rgb[rgba[..., 3] == 0] = 255
@@ -165,6 +166,11 @@ class Slide:
             f"pixels at level {level}, ({x}, {y}) could not be decoded ({err})",
             "the file is corrupt; copy or export it again, or remove it from the sample sheet",
         )
+
+    @property
+    def pinned(self) -> stores.SlideStat | None:
+        """Read in place: the size and version every read of this slide is pinned to."""
+        return self._tiff.ranges.stat if self.in_place else None
 
     def io_counts(self) -> tuple[int, int]:
         """Bytes read and requests made for compressed tiles (and, in place, the index)

@@ -7,7 +7,7 @@ the HTTP status, and the slide's location as `stores.location` shows it, nothing
 
 from __future__ import annotations
 
-from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
+from slidesnake.errors import SlideError, SlideOpenError, SlideReadError, StoreTimeoutError
 
 FIX_ACCESS = (
     "give this machine read access the store's usual way (environment variables, a "
@@ -46,10 +46,18 @@ def describe(err: BaseException) -> str:
     return f"{kind}, HTTP {status}" if status is not None else kind
 
 
+FIX_SILENT = (
+    "check that the store is up and reachable from where the jobs run; raise "
+    "storage.connect_timeout_s, read_timeout_s or request_timeout_s for a slow one"
+)
+
+
 def open_error(err: BaseException, slide_id: str, where: str) -> SlideError:
     """The slide's error for a store that would not say what the object is."""
     if isinstance(err, SlideError):
         return err
+    if _silent(err):
+        return silent_error(err, slide_id, where)
     status = status_of(err)
     if isinstance(err, FileNotFoundError) or status == 404:
         return SlideOpenError(
@@ -64,8 +72,26 @@ def open_error(err: BaseException, slide_id: str, where: str) -> SlideError:
     )
 
 
+def silent_error(err: BaseException, slide_id: str, where: str, tries: int = 1) -> SlideError:
+    """The slide's error for a store that did not answer within the deadlines."""
+    times = f", {tries} times" if tries > 1 else ""
+    return StoreTimeoutError(
+        slide_id,
+        where,
+        "the store did not answer within its deadlines (storage.connect_timeout_s, "
+        f"read_timeout_s, request_timeout_s{times}: {describe(err)})",
+        FIX_SILENT,
+    )
+
+
+def _silent(err: BaseException) -> bool:
+    return isinstance(err, TimeoutError) and status_of(err) is None
+
+
 def read_error(err: BaseException, slide_id: str, where: str, tries: int) -> SlideError:
     """The slide's error for byte ranges the store would not give."""
+    if _silent(err):
+        return silent_error(err, slide_id, where, tries)
     if not is_transient(err):
         return open_error(err, slide_id, where)
     return SlideReadError(

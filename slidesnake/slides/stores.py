@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from slidesnake.errors import SlideOpenError
+from slidesnake.errors import SlideOpenError, StoreTimeoutError
+from slidesnake.slides.range_requests import Deadlines, ObjectVersion, fetch_range
 from slidesnake.slides.store_errors import open_error
 
 # URL schemes read in place, and the fsspec protocol of each.
@@ -50,12 +51,17 @@ DICOMWEB = re.compile(r"(https?://.+?)/studies/([0-9.]+)/series/([0-9.]+)/?")
 
 @dataclass(frozen=True)
 class StorageSettings:
-    """The `storage:` section: how many requests, how far ahead, and per-scheme options."""
+    """The `storage:` section: how many requests, how far ahead, how long each may take
+    and how large a metadata answer may be, and per-scheme options."""
 
     concurrency: int = 16
     readahead_tiles: int = 256
     retries: int = 4
     block_kb: int = 64
+    connect_timeout_s: float = 10
+    read_timeout_s: float = 30
+    request_timeout_s: float = 120
+    max_answer_mb: int = 64
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -64,16 +70,34 @@ class StorageSettings:
         schemes = {key: section.pop(key) or {} for key in ("s3", "gs", "http") if key in section}
         return cls(**section, options=schemes)
 
+    @property
+    def deadlines(self) -> Deadlines:
+        return Deadlines(self.connect_timeout_s, self.read_timeout_s, self.request_timeout_s)
+
+    @property
+    def stat_timeout_s(self) -> float:
+        """A question with no body (HEAD, a listing's first page): connect, then answer."""
+        return min(self.request_timeout_s, self.connect_timeout_s + self.read_timeout_s)
+
     def filesystem_options(self, protocol: str) -> dict[str, Any]:
-        """fsspec's keyword arguments for `protocol`, from the per-scheme options."""
+        """fsspec's keyword arguments for `protocol`, from the per-scheme options, with
+        the connect and read deadlines."""
         if protocol == "s3":
             own = dict(self.options.get("s3", {}))
             region = own.pop("region", None)
-            return {**own, **({"client_kwargs": {"region_name": region}} if region else {})}
+            timeouts = {"connect_timeout": self.connect_timeout_s}
+            timeouts["read_timeout"] = self.read_timeout_s
+            client = {"client_kwargs": {"region_name": region}} if region else {}
+            return {**own, **client, "config_kwargs": timeouts}
         if protocol == "gcs":
             own = dict(self.options.get("gs", {}))
             return {**own, **({"token": "anon"} if own.pop("anon", False) else {})}
-        return dict(self.options.get("http", {}))
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            sock_connect=self.connect_timeout_s, sock_read=self.read_timeout_s
+        )
+        return {**self.options.get("http", {}), "client_kwargs": {"timeout": timeout}}
 
 
 _settings = StorageSettings()
@@ -217,7 +241,7 @@ def _prefix_stat(url: str, slide_id: str) -> SlideStat:
     """A series under a bucket prefix: its objects' names, sizes and ETags, as one digest."""
     fs, key = filesystem(url, slide_id)
     try:
-        objects = fs.ls(key, detail=True)
+        objects = fs.ls(key, detail=True, timeout=_settings.request_timeout_s)
     except Exception as err:
         raise open_error(_why(fs, key, err), slide_id, location(url)) from None
     listing = sorted((item["name"], item.get("size") or 0, item.get("ETag")) for item in objects)
@@ -236,7 +260,9 @@ def _folder_stat(folder: Path) -> SlideStat:
 
 def stat_slides(paths: Iterable[str]) -> dict[str, str]:
     """Each URL's `SlideStat.describe()`, or why it has none: one request per slide, up
-    to `storage.concurrency` at once (10,000 slides at 20 ms each take about 12 s)."""
+    to `storage.concurrency` at once (10,000 slides at 20 ms each take about 12 s). A
+    host that lets one question go unanswered past its deadline is not asked again: its
+    other slides fail with the same reason, and the run goes on without waiting."""
     urls = sorted({p for p in paths if is_url(p)})
     if not urls:
         return {}
@@ -245,8 +271,12 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
         protocol = PROTOCOLS[urlsplit(url).scheme.lower()]
         if protocol not in by_protocol:
             by_protocol[protocol] = _filesystem_or_error(url)
+    silent: dict[str, str] = {}
 
     def describe(url: str) -> str:
+        host = urlsplit(url).netloc.rpartition("@")[2]
+        if host in silent:
+            return silent[host]
         fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
         try:
             if is_dicomweb(url) or is_dicom_prefix(url):
@@ -255,6 +285,9 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
                 raise fs
             key = url if "http" in fs.protocol else fs._strip_protocol(url)
             return object_stat(fs, key, url, "").describe()
+        except StoreTimeoutError as err:
+            silent[host] = f"unreadable ({err.problem})"
+            return silent[host]
         except SlideOpenError as err:
             return f"unreadable ({err.problem})"
 
@@ -269,12 +302,22 @@ def _filesystem_or_error(url: str) -> Any:
         return err
 
 
-def object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
-    """The size and version of the object `key` of `fs`, the slide at `url`."""
+def object_info(fs: Any, key: str, url: str, slide_id: str) -> dict[str, Any]:
+    """What the store says of the object `key` of `fs` (the slide at `url`), asked
+    within storage.connect_timeout_s + read_timeout_s."""
     try:
-        info = fs.info(key)
+        return fs.info(key, timeout=_settings.stat_timeout_s)
     except Exception as err:
         raise open_error(_why(fs, key, err), slide_id, location(url)) from None
+
+
+def object_stat(fs: Any, key: str, url: str, slide_id: str) -> SlideStat:
+    """The size and version of the object `key` of `fs`, the slide at `url`."""
+    return stat_of(object_info(fs, key, url, slide_id))
+
+
+def stat_of(info: dict[str, Any]) -> SlideStat:
+    """A SlideStat from what a store said of an object."""
     version = next(
         (
             f"{name} {info[name]}"
@@ -291,8 +334,10 @@ def _why(fs: Any, key: str, err: Exception) -> BaseException:
     any failed HEAD (a 403 too), where a one-byte GET gives the server's status."""
     if not isinstance(err, FileNotFoundError) or "http" not in fs.protocol:
         return err
-    try:
-        fs.cat_file(key, start=0, end=1)
-    except Exception as probe:
-        return probe
+    from fsspec.asyn import sync
+
+    try:  # bounded as any range read: a 1-byte question must not take an endless body
+        sync(fs.loop, fetch_range, fs, key, 0, 1, ObjectVersion(1), _settings.deadlines)
+    except Exception as failure:
+        return failure
     return err

@@ -5,6 +5,8 @@ server, and a small HTTP server that honours Range requests and can misbehave on
 from __future__ import annotations
 
 import email.utils
+import functools
+import gzip
 import json
 import os
 import shutil
@@ -98,12 +100,21 @@ class RangeServer:
     Misbehaviour by path prefix: /forbidden/... answers 403; /norange/... answers every
     GET with the whole file, as a server without Range support does; /flaky/... drops the
     connection mid-answer on the server's first `FLAKY` GETs with a Range; /dropping/...
-    on every one. `requests` counts the GETs with a Range."""
+    on every one. A hostile server's (see HOSTILE): /gzip/... gzips each range (a bomb),
+    /endless/... sends a body without end, /overlong/... declares 2 GiB for any range,
+    /drip/... sends a byte every half second, /nohead/... never answers a HEAD. Only
+    /pinned/... honours If-Match (412): elsewhere the answer's ETag is what tells a
+    replaced file. `replace_after(name, n, data)` replaces a file as its n-th ranged GET
+    arrives; `turn_after(name, n, mode)` answers as HOSTILE[mode] from its n-th on (the
+    index read honestly, the tiles not). `requests` counts the GETs with a Range."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.requests = 0
         self._lock = threading.Lock()
+        self._replacements: dict[str, tuple[int, bytes]] = {}
+        self._turns: dict[str, tuple[int, str]] = {}
+        self._seen: dict[str, int] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -116,25 +127,45 @@ class RangeServer:
         shutil.copyfile(path, target)
         return f"{self.url}/{name or Path(path).name}"
 
+    def replace_after(self, name: str, ranged_gets: int, data: bytes) -> None:
+        """Replace /name with `data` (a new ETag) when its `ranged_gets`-th GET arrives."""
+        self._replacements[name] = (ranged_gets, data)
+
+    def turn_after(self, name: str, ranged_gets: int, mode: str) -> None:
+        """Answer /name's ranged GETs as HOSTILE[mode] from the `ranged_gets`-th on."""
+        self._turns[name] = (ranged_gets, mode)
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
-    def _count(self) -> int:
+    def _count(self, name: str) -> tuple[int, str | None]:
+        """This ranged GET's number, and the hostile mode it is answered in, if any."""
         with self._lock:
             self.requests += 1
-            return self.requests
+            seen = self._seen.get(name, 0) + 1
+            self._seen[name] = seen
+            replacing = self._replacements.get(name)
+            if replacing is not None and seen >= replacing[0]:
+                del self._replacements[name]
+                target = self.root / name
+                target.write_bytes(replacing[1])
+                os.utime(target, ns=(time.time_ns(), time.time_ns() + 10**9))
+            turn = self._turns.get(name)
+            return self.requests, turn[1] if turn is not None and seen >= turn[0] else None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(_HostileAnswers):
             protocol_version = "HTTP/1.1"
 
             def log_message(self, *args: object) -> None:
                 pass
 
             def do_HEAD(self) -> None:
+                if self.path.startswith("/nohead/"):
+                    time.sleep(3600)
                 self._answer(body=False)
 
             def do_GET(self) -> None:
@@ -144,27 +175,32 @@ class RangeServer:
                 parts = self.path.lstrip("/").split("/", 1)
                 if parts[0] == "forbidden":
                     return self._status(403)
+                if parts[0] == "endless" and "Range" not in self.headers:
+                    return self._endless(status=200)  # a metadata answer (DICOMweb JSON)
                 file = server.root / self.path.lstrip("/")
                 if not file.is_file():
                     return self._status(404)
-                size = file.stat().st_size
-                start, end = 0, size
                 ranged = self.headers.get("Range", "").startswith("bytes=")
                 ranged = ranged and parts[0] != "norange"
-                if ranged:
-                    first, _, last = self.headers["Range"][6:].partition("-")
-                    start, end = int(first), min(int(last) + 1 if last else size, size)
-                    number = server._count() if body else 0
+                if ranged and body:
+                    number, turned = server._count(self.path.lstrip("/"))
                     drop = {"dropping": True, "flaky": number <= FLAKY}.get(parts[0], False)
-                    if body and drop:
-                        return self._drop(end - start)
+                    if drop:
+                        return self._drop(self._wanted(file)[1] - self._wanted(file)[0])
+                    mode = turned or parts[0]
+                    if mode in HOSTILE:
+                        return HOSTILE[mode](self, file)
+                status = file.stat()
+                etag = f'"{status.st_size:x}-{status.st_mtime_ns:x}"'
+                if parts[0] == "pinned" and self.headers.get("If-Match", etag) != etag:
+                    return self._status(412)
+                start, end = self._wanted(file) if ranged else (0, status.st_size)
                 self.send_response(206 if ranged else 200)
                 self.send_header("Content-Length", str(end - start))
                 if ranged:
-                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{status.st_size}")
                 self.send_header("Accept-Ranges", "bytes")
-                status = file.stat()
-                self.send_header("ETag", f'"{status.st_size:x}-{status.st_mtime_ns:x}"')
+                self.send_header("ETag", etag)
                 mtime = email.utils.formatdate(status.st_mtime, usegmt=True)
                 self.send_header("Last-Modified", mtime)
                 self.end_headers()
@@ -172,6 +208,11 @@ class RangeServer:
                     with file.open("rb") as f:
                         f.seek(start)
                         self.wfile.write(f.read(end - start))
+
+            def _wanted(self, file: Path) -> tuple[int, int]:
+                size = file.stat().st_size
+                first, _, last = self.headers["Range"][6:].partition("-")
+                return int(first), min(int(last) + 1 if last else size, size)
 
             def _drop(self, length: int) -> None:
                 """Promise `length` bytes, send a few, hang up."""
@@ -189,6 +230,87 @@ class RangeServer:
                 self.end_headers()
 
         return Handler
+
+
+class _HostileAnswers(BaseHTTPRequestHandler):
+    """What a hostile server answers to a byte range: each sends until the client goes."""
+
+    def _gzip(self, file: Path) -> None:
+        bomb = _gzip_bomb()
+        self.send_response(206)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(bomb)))
+        self.end_headers()
+        self._send_quietly([bomb])
+
+    def _endless(self, file: Path | None = None, status: int = 206) -> None:
+        self.send_response(status)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b"[" + b'{"00080018": {"vr": "UI", "Value": ["1.2.3"]}},' * 1000
+        framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+        self._send_quietly(iter(lambda: framed, None))
+
+    def _overlong(self, file: Path) -> None:
+        self.send_response(206)
+        self.send_header("Content-Length", str(2 << 30))
+        self.end_headers()
+        self._send_quietly(iter(lambda: b"\0" * (1 << 20), None))
+
+    def _drip(self, file: Path) -> None:
+        first, _, last = self.headers["Range"][6:].partition("-")
+        self.send_response(206)
+        self.send_header("Content-Length", str(int(last) + 1 - int(first)))
+        self.end_headers()
+        self._send_quietly(_dripping())
+
+    def _send_quietly(self, chunks) -> None:
+        try:
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+        except OSError:  # the client hung up: what a bounded client does
+            self.close_connection = True
+
+
+@functools.cache
+def _gzip_bomb() -> bytes:
+    """2 MB of gzip members that inflate to 2 GiB of zeros."""
+    return gzip.compress(b"\0" * (64 << 20), compresslevel=9) * 32
+
+
+def _dripping():
+    while True:
+        time.sleep(0.5)
+        yield b"\0"
+
+
+HOSTILE = {
+    "gzip": _HostileAnswers._gzip,
+    "endless": _HostileAnswers._endless,
+    "overlong": _HostileAnswers._overlong,
+    "drip": _HostileAnswers._drip,
+}
+
+
+class SilentServer:
+    """A host that accepts connections and never says a word."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=256)
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):
+            while True:
+                self._held.append(self._socket.accept()[0])
+
+    def stop(self) -> None:
+        self._socket.close()
+        for connection in self._held:
+            connection.close()
 
 
 @contextmanager

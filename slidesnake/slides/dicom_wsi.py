@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from slidesnake.errors import SlideError, SlideOpenError
+from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
 from slidesnake.slides import stores
-from slidesnake.slides.range_requests import Oversized, Unanswered, oversized_error
+from slidesnake.slides.range_requests import Oversized, Unanswered
 from slidesnake.slides.store_errors import open_error, silent_error
 from slidesnake.slides.web_session import bounded_session
 
@@ -203,7 +203,12 @@ def bound_failure(err: BaseException, slide_id: str, where: str) -> SlideError |
     import requests
 
     if isinstance(err, Oversized):
-        return oversized_error(slide_id, where, str(err))
+        return SlideReadError(
+            slide_id,
+            where,
+            f"the DICOMweb server sent {err} (storage.max_answer_mb)",
+            "check the server; raise storage.max_answer_mb if its answers are rightly that large",
+        )
     if isinstance(err, Unanswered | requests.Timeout | TimeoutError):
         return silent_error(err, slide_id, where)
     return None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from slidesnake.errors import SlideOpenError, StoreTimeoutError
+from slidesnake.errors import SlideError, SlideOpenError, StoreTimeoutError
 from slidesnake.slides.range_requests import Deadlines, ObjectVersion, fetch_range
 from slidesnake.slides.store_errors import open_error
 
@@ -288,7 +288,7 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
         except StoreTimeoutError as err:
             silent[host] = f"unreadable ({err.problem})"
             return silent[host]
-        except SlideOpenError as err:
+        except SlideError as err:
             return f"unreadable ({err.problem})"
 
     with ThreadPoolExecutor(_settings.concurrency) as pool:

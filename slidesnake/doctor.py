@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 
 from slidesnake.cohort.config import check_config, typed_sections, whole_numbers, with_defaults
 from slidesnake.cohort.samples import read_sample_sheet
-from slidesnake.errors import SlidesnakeError
+from slidesnake.errors import SlidesnakeError, StoreTimeoutError
 from slidesnake.models.checkpoints import HUB_FILES, is_program
 from slidesnake.models.pt2_archive import check_archive
 from slidesnake.models.registry import (
@@ -352,11 +352,19 @@ def slides_check(config: dict[str, Any]) -> list[Finding]:
     sheet = read_sample_sheet(config["samples"])
     stores.configure(config.get("storage"))  # slides in buckets: opened as the jobs will
     problems, sizes = [], []
+    silent: set[str] = set()  # hosts that let a question go unanswered: not asked again
     for slide_id, row in sheet.iterrows():
         mpp = None if math.isnan(row["mpp"]) else row["mpp"]
+        host = stores.host(row["path"])
+        if host and host in silent:
+            problems.append(f"slide '{slide_id}': its store {host} did not answer (above)")
+            continue
         try:
             with Slide(row["path"], slide_id, mpp) as slide:  # a cohort's worth of files
                 sizes.append((slide.dimensions, slide.mpp))
+        except StoreTimeoutError as err:
+            silent.add(host)
+            problems.append(str(err))
         except SlidesnakeError as err:
             problems.append(str(err))
     if problems:

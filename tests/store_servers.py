@@ -293,6 +293,45 @@ HOSTILE = {
 }
 
 
+class DripProxy:
+    """A proxy in front of `upstream` (a DICOMweb server) that answers as it does, but
+    drips the body of any answer whose path holds `slow` a byte every half second."""
+
+    def __init__(self, upstream: str, slow: str = "/frames/") -> None:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                answer = requests.get(upstream + self.path, headers=headers, timeout=30)
+                self.send_response(answer.status_code)
+                for name in ("Content-Type", "ETag"):
+                    if name in answer.headers:
+                        self.send_header(name, answer.headers[name])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                if slow not in self.path:
+                    self.wfile.write(answer.content)
+                    return
+                with suppress(OSError):
+                    for byte in _dripping():
+                        self.wfile.write(byte)
+                        self.wfile.flush()
+                self.close_connection = True
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class SilentServer:
     """A host that accepts connections and never says a word."""
 

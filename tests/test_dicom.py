@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
+import pydicom
 import pytest
 from conftest import jobs_run
 from dicom_files import write_dicom_pyramid
-from store_servers import OrthancServer, orthanc_binary
+from store_servers import DripProxy, OrthancServer, orthanc_binary
 
 from slidesnake import load_embeddings
-from slidesnake.errors import SlideOpenError, SlideSizeError
+from slidesnake.errors import SlideOpenError, SlideSizeError, StoreTimeoutError
 from slidesnake.slides import stores
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileParams
@@ -129,6 +131,52 @@ def test_a_transfer_syntax_openslide_refuses_reads_through_wsidicom(shared_slide
         assert slide.dimensions == (50, 50)
         pixels = slide.read(0, 0, 0, 50, 50)
     assert pixels.shape == (50, 50, 3) and pixels.std() > 0
+
+
+def test_a_folder_or_prefix_holding_two_series_is_refused_naming_them(
+    series, s3, shared_slides, tmp_path
+):
+    """wsidicom would read one of the two, whichever it met first, without a word."""
+    with Slide(series, "s") as slide:
+        rgb = slide.read(0, 0, 0, 512, 512)
+    template = shared_slides / "dicom-openslide-boxes" / "boxes_0.dcm"
+    other = write_dicom_pyramid(rgb, 0.499, tmp_path / "other", template, levels=1)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(series, mixed)
+    shutil.copy(other[0], mixed / "other-level-0.dcm")
+    uids = sorted(str(pydicom.dcmread(p, stop_before_pixels=True).SeriesInstanceUID)
+                  for p in (series / "level-0.dcm", other[0]))  # fmt: skip
+    for path in sorted(mixed.glob("*.dcm")):
+        s3.put("archive", f"mixed/{path.name}", path)
+    stores.configure(s3.storage)
+    try:
+        for where in (mixed, "s3://archive/mixed/"):
+            with pytest.raises(SlideOpenError) as caught:
+                Slide(where, "mixed")
+            message = str(caught.value)
+            assert "the levels of 2 DICOM series" in message and "slide 'mixed'" in message
+            assert all(uid in message for uid in uids) and "a folder (or bucket prefix)" in message
+    finally:
+        stores.configure(None)
+
+
+def test_dicomweb_frames_at_a_byte_a_second_fail_their_slide_within_the_deadline(series, orthanc):
+    url = orthanc.add(sorted(series.glob("*.dcm")))
+    proxy = DripProxy(orthanc.url)
+    stores.configure(
+        {"connect_timeout_s": 1, "read_timeout_s": 2, "request_timeout_s": 3, "retries": 1}
+    )
+    started = time.monotonic()
+    try:
+        with (
+            pytest.raises(StoreTimeoutError, match="did not answer within its deadlines"),
+            Slide(url.replace(orthanc.url, proxy.url), "dripping") as slide,
+        ):
+            slide.read(0, 0, 0, 512, 512)
+        assert time.monotonic() - started < 10
+    finally:
+        stores.configure(None)
+        proxy.stop()
 
 
 @pytest.mark.workflow

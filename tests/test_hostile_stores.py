@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import tifffile
 from conftest import RECT_TISSUE, REPO
@@ -251,3 +252,35 @@ def test_tiles_that_share_bytes_are_fetched_once(s3, rect_slide, tmp_path):
     assert rows == len(tiles)
     assert reads["compressed_tiles_decoded"] > 4 * len(tiles) // 2
     assert reads["requests"] <= 12, reads  # the index, and one tile range per worker
+
+
+@pytest.mark.workflow
+def test_a_store_that_never_answers_fails_its_slides_not_the_run(workflow, rect_slide):
+    """Named beside a good local slide, a host that accepts connections and never answers
+    costs the run's identity check and the doctor a deadline, not hours: the local slide
+    finishes, the others fail with the reason."""
+    silent = SilentServer()
+    try:
+        rows = [("local", rect_slide)] + [(f"silent{i}", f"{silent.url}/{i}.svs") for i in range(6)]
+        workflow.sheet(rows)
+        quick = workflow.dir / "config" / "quick.yaml"
+        quick.write_text(json.dumps({"storage": QUICK}))
+        started = time.monotonic()
+        workflow.run(f"--configfile={quick}", check=False)
+        took = time.monotonic() - started
+        table = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t")
+        status = dict(zip(table["slide_id"], table["status"], strict=True))
+        assert status.pop("local") == "done" and set(status.values()) == {"failed"}
+        reasons = set(table.loc[table["status"] == "failed", "reason"])
+        assert all("did not answer within its deadlines" in reason for reason in reasons)
+        assert took < 120, took
+        started = time.monotonic()
+        doctor = subprocess.run(
+            [sys.executable, "-m", "slidesnake", "doctor", "--configfile",
+             str(workflow.dir / "config" / "config.yaml"), str(quick)],
+            capture_output=True, text=True, cwd=workflow.dir, timeout=120,
+        )  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert "6 of 7 slides cannot be read" in doctor.stdout + doctor.stderr
+    finally:
+        silent.stop()

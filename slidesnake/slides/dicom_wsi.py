@@ -158,9 +158,16 @@ def _bucket_path(url: str) -> Any:
 
 
 def _client(base: str) -> Any:
+    """wsidicom's client over a bounded session, retrying as range reads do
+    (storage.retries, from 0.2 s): dicomweb-client's own retries wait 1, 2, 4, 8 s after
+    any error, a minute per thread for a server that does not answer."""
+    from dicomweb_client import DICOMwebClient
     from wsidicom import WsiDicomWebClient
 
-    return WsiDicomWebClient.create_client(base, auth=_session())
+    client = DICOMwebClient(base, session=_session())
+    attempts = stores.settings().retries + 1
+    client.set_http_retry_params(max_attempts=attempts, wait_exponential_multiplier=200)
+    return WsiDicomWebClient(client)
 
 
 def _session() -> Any:

@@ -163,6 +163,14 @@ def filesystem(url: str, slide_id: str = "") -> tuple[Any, str]:
     return fs, (url if protocol == "http" else cls._strip_protocol(url))
 
 
+def host(path: str | Path) -> str:
+    """The store a URL is read from (scheme and host), '' for a local path."""
+    if not is_url(path):
+        return ""
+    parts = urlsplit(str(path))
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
 def is_dicomweb(path: str | Path) -> bool:
     """Whether `path` is the URL of a DICOMweb series."""
     return is_url(path) and DICOMWEB.fullmatch(str(path)) is not None
@@ -274,9 +282,8 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
     silent: dict[str, str] = {}
 
     def describe(url: str) -> str:
-        host = urlsplit(url).netloc.rpartition("@")[2]
-        if host in silent:
-            return silent[host]
+        if host(url) in silent:
+            return silent[host(url)]
         fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
         try:
             if is_dicomweb(url) or is_dicom_prefix(url):
@@ -286,8 +293,8 @@ def stat_slides(paths: Iterable[str]) -> dict[str, str]:
             key = url if "http" in fs.protocol else fs._strip_protocol(url)
             return object_stat(fs, key, url, "").describe()
         except StoreTimeoutError as err:
-            silent[host] = f"unreadable ({err.problem})"
-            return silent[host]
+            silent[host(url)] = f"unreadable ({err.problem})"
+            return silent[host(url)]
         except SlideError as err:
             return f"unreadable ({err.problem})"
 

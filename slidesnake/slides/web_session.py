@@ -22,13 +22,25 @@ CHUNK = 1 << 16
 
 
 class BoundedAdapter(HTTPAdapter):
-    """An HTTP adapter that reads each answer's body itself, within bounds."""
+    """An HTTP adapter that reads each answer's body itself, within bounds. Once a server
+    has let one question go unanswered, the next ones fail at once: a library that asks
+    again, or asks the next frame, must not multiply the deadline."""
 
     def __init__(self, deadlines: Deadlines, max_bytes: int) -> None:
         super().__init__()
         self.deadlines, self.max_bytes = deadlines, max_bytes
+        self.unanswered: Exception | None = None
 
     def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        if self.unanswered is not None:
+            raise Unanswered(f"the server did not answer before ({self.unanswered})")
+        try:
+            return self._send(request, **kwargs)
+        except (Unanswered, requests.Timeout) as err:
+            self.unanswered = err
+            raise
+
+    def _send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
         started = time.monotonic()
         kwargs["timeout"] = (self.deadlines.connect_s, self.deadlines.read_s)
         kwargs["stream"] = True

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from statistics import median
 from urllib.parse import urlsplit
@@ -33,14 +33,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from store_servers import S3_ENV, RangeServer, s3_server  # noqa: E402
+from store_servers import S3_ENV, LoopbackServer, RangeServer, s3_server  # noqa: E402
 from whole_job import near_free_model  # noqa: E402
 
 from slidesnake.bench import embed_job, limit_tiles, synthetic_slide, tile_slide  # noqa: E402
 from slidesnake.slides.synthetic import BENCH_SLIDES  # noqa: E402
 
 
-class LatencyProxy:
+class LatencyProxy(LoopbackServer):
     """An HTTP proxy to `upstream` that waits `latency_s` before passing each request on;
     requests are handled concurrently, so latency adds per request, not per job."""
 
@@ -76,13 +76,7 @@ class LatencyProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
+        super().__init__(Handler)
 
 
 def job(slide, model: Path, workers: int, out: Path, endpoint: str | None) -> dict:

@@ -81,6 +81,16 @@ def s3():
             os.environ[key] = value
 
 
+@pytest.fixture(scope="module")
+def web(tmp_path_factory):
+    """The Range-capable HTTP server of store_servers, on loopback, with its hostile paths."""
+    from store_servers import RangeServer
+
+    server = RangeServer(tmp_path_factory.mktemp("served"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def shared_slides() -> Path:
     if not SHARED_SLIDES.is_dir():

@@ -94,7 +94,21 @@ def _boto_credentials() -> dict:
     }
 
 
-class RangeServer:
+class LoopbackServer:
+    """An HTTP server on loopback answering with `handler`, a thread per connection."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class RangeServer(LoopbackServer):
     """An HTTP server of a folder's files, with Range requests, ETag and Last-Modified.
 
     Misbehaviour by path prefix: /forbidden/... answers 403; /norange/... answers every
@@ -115,10 +129,7 @@ class RangeServer:
         self._replacements: dict[str, tuple[int, bytes]] = {}
         self._turns: dict[str, tuple[int, str]] = {}
         self._seen: dict[str, int] = {}
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        super().__init__(self._handler())
 
     def add(self, path: Path, name: str | None = None) -> str:
         """Serve a copy of `path` as /name; return its URL."""
@@ -134,10 +145,6 @@ class RangeServer:
     def turn_after(self, name: str, ranged_gets: int, mode: str) -> None:
         """Answer /name's ranged GETs as HOSTILE[mode] from the `ranged_gets`-th on."""
         self._turns[name] = (ranged_gets, mode)
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     def _count(self, name: str) -> tuple[int, str | None]:
         """This ranged GET's number, and the hostile mode it is answered in, if any."""
@@ -293,7 +300,7 @@ HOSTILE = {
 }
 
 
-class DripProxy:
+class DripProxy(LoopbackServer):
     """A proxy in front of `upstream` (a DICOMweb server) that answers as it does, but
     drips the body of any answer whose path holds `slow` a byte every half second."""
 
@@ -322,14 +329,7 @@ class DripProxy:
                         self.wfile.flush()
                 self.close_connection = True
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(Handler)
 
 
 class SilentServer:

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import tifffile
 from conftest import RECT_TISSUE, REPO
-from store_servers import RangeServer, SilentServer
+from store_servers import SilentServer
 
 from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
@@ -42,13 +42,6 @@ QUICK = {"connect_timeout_s": 1, "read_timeout_s": 2, "request_timeout_s": 2, "r
 # What a reading process may take, at most, whatever a server sends: the interpreter, its
 # imports and a read take some 100 MB here; a body read whole would take gigabytes.
 PEAK_MB = 400
-
-
-@pytest.fixture(scope="module")
-def web(tmp_path_factory):
-    server = RangeServer(tmp_path_factory.mktemp("served"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from conftest import SHARED_SLIDES, jobs_run
-from store_servers import FLAKY, SECRET, RangeServer
+from store_servers import FLAKY, SECRET
 
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
@@ -24,13 +24,6 @@ from slidesnake.tiling.tile_table import read_tiles
 from slidesnake.tiling.tissue import TissueParams
 
 pytestmark = pytest.mark.store
-
-
-@pytest.fixture(scope="module")
-def web(tmp_path_factory):
-    server = RangeServer(tmp_path_factory.mktemp("served"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)

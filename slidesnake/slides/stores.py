@@ -52,7 +52,7 @@ DICOMWEB = re.compile(r"(https?://.+?)/studies/([0-9.]+)/series/([0-9.]+)/?")
 @dataclass(frozen=True)
 class StorageSettings:
     """The `storage:` section: how many requests, how far ahead, how long each may take
-    and how large a metadata answer may be, and per-scheme options."""
+    and how large an answer read whole may be, and per-scheme options."""
 
     concurrency: int = 16
     readahead_tiles: int = 256

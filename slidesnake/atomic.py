@@ -22,17 +22,18 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}.tmp-*"):
-        _remove(stale)
+        remove_output(stale)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        _remove(final)
+        remove_output(final)
         os.replace(tmp, final)
     finally:
-        _remove(tmp)
+        remove_output(tmp)
 
 
-def _remove(path: Path) -> None:
+def remove_output(path: Path) -> None:
+    """Remove a file or a directory (a zarr store), if there is one."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
@@ -58,17 +59,21 @@ class OutputSet:
         self._staged[final] = tmp
         return tmp
 
+    def drop(self, final: str | Path) -> None:
+        """Write nothing for `final` this time: the commit removes it."""
+        remove_output(self._staged.pop(Path(final)))
+
     def commit(self) -> None:
         for final in self.members:
             staged = self._staged.get(final)
             if staged is not None and staged.exists():
                 os.replace(staged, final)
             else:
-                _remove(final)
+                remove_output(final)
 
     def discard(self) -> None:
         for staged in self._staged.values():
-            _remove(staged)
+            remove_output(staged)
 
 
 @contextmanager
@@ -76,7 +81,7 @@ def output_set(members: list[Path]) -> Iterator[OutputSet]:
     """An OutputSet committed when the block succeeds, discarded when it fails."""
     for member in members:
         for stale in Path(member).parent.glob(f".{Path(member).name}.staged-*"):
-            _remove(stale)
+            remove_output(stale)
     outputs = OutputSet(members)
     try:
         yield outputs

@@ -179,7 +179,8 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
     import yaml
 
     from slidesnake.cohort.rule_params import embedding_params
-    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.embed.model_list import embed_slide_models
+    from slidesnake.embed.model_outputs import ModelOutputs
     from slidesnake.embed.settings import model_configs
     from slidesnake.errors import ConfigError
     from slidesnake.models.registry import check_model_config

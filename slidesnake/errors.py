@@ -100,5 +100,9 @@ class WeightsError(SlidesnakeError):
     """`slidesnake weights` could not fetch, or found no manifest to verify."""
 
 
+class ModelsFailedError(SlidesnakeError):
+    """Models of a model list failed; the others' outputs are kept for the next run."""
+
+
 class NonFiniteError(SlidesnakeError):
     """A model, head or encoder gave NaN or infinite values: never written as a result."""

@@ -73,7 +73,8 @@ def test_models_of_one_job_on_the_gpu(tmp_path, blob_slide, blob_tiles, grid_mod
     """Several models on the GPU: each model's features follow its CPU run (the GPU
     resizes floats, the CPU uint8), their times come from CUDA events, and a share of
     the GPU too small for them fails the slide before any model loads."""
-    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.embed.model_list import embed_slide_models
+    from slidesnake.embed.model_outputs import ModelOutputs
     from slidesnake.errors import ModelError
 
     models = {"grid": settings(grid_model), "small": settings(grid_model, input_size=112)}

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import socket
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import timm
 import torch
 import yaml
 from conftest import ChannelGrid
@@ -21,15 +24,12 @@ from slidesnake import load_embeddings
 from slidesnake.cohort.rule_params import embedding_params
 from slidesnake.cohort.summary import write_cohort_summary
 from slidesnake.embed.loop import embed_slide
-from slidesnake.embed.model_list import (
-    ModelOutputs,
-    check_memory,
-    embed_slide_models,
-    weights_bytes,
-)
-from slidesnake.embed.settings import EmbedSettings
-from slidesnake.errors import ConfigError, ModelError, NonFiniteError
+from slidesnake.embed.model_list import check_memory, embed_slide_models, weights_bytes
+from slidesnake.embed.model_outputs import ModelOutputs
+from slidesnake.embed.settings import EmbedSettings, RemoteSettings
+from slidesnake.errors import ConfigError, ModelError, ModelsFailedError
 from slidesnake.models.registry import check_model_config, model_input, model_spec
+from slidesnake.remote.model_run import RemoteRun
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles, write_tiles
@@ -314,24 +314,115 @@ class NotFinite(torch.nn.Module):
         return torch.full((x.shape[0], 8), float("nan"))
 
 
-def test_a_model_that_fails_loses_no_other_models_outputs(
+def not_finite(grid: EmbedSettings, folder: Path) -> EmbedSettings:
+    """A program whose features are NaN: refused by the writer, in the loop."""
+    torch.jit.save(torch.jit.script(NotFinite()), str(folder / "not_finite.pt"))
+    return replace(grid, checkpoint=str(folder / "not_finite.pt"))
+
+
+def wrong_width(grid: EmbedSettings, folder: Path) -> EmbedSettings:
+    """A ViT whose checkpoint holds a 48-wide ViT's weights: refused when it loads."""
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=0, embed_dim=48, depth=1)
+    save_file(vit.state_dict(), str(folder / "narrow.safetensors"))
+    return replace(grid, model="timm:test_vit", checkpoint=str(folder / "narrow.safetensors"))
+
+
+def server_down(grid: EmbedSettings, folder: Path) -> EmbedSettings:
+    """A served model whose server is not there: refused when it connects."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    remote = RemoteSettings(url=url, model="vit", ready_timeout_s=1)
+    return replace(grid, model="timm:test_vit", backend="remote", remote=remote)
+
+
+BROKEN = {
+    not_finite: "NaN or infinite values",
+    wrong_width: "does not fit architecture test_vit",
+    server_down: "not ready within remote.ready_timeout_s",
+}
+
+
+@pytest.mark.parametrize("make", list(BROKEN), ids=lambda make: make.__name__)
+def test_a_model_that_fails_costs_only_itself(
+    make, rect_slide, tiled, grid_program, tmp_path, caplog
+):
+    """On a fresh slide, a model that fails (in the loop, as it loads, as it connects)
+    fails the job with one line naming its key; the other model finishes and waits in
+    its kept folder, nothing looks finished, and the next run places it without
+    embedding again."""
+    caplog.set_level(logging.INFO)
+    grid = two_models(grid_program)["grid"]
+    models = {"grid": grid, "broken": make(grid, tmp_path)}
+    out = outputs(tmp_path / "out", models)
+    with pytest.raises(ModelsFailedError, match=r"failed: broken .*embeddings of grid are kept"):
+        embed_slide_models(rect_slide, "rect", tiled, out, models, params(models),
+                           open_served=RemoteRun)  # fmt: skip
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("slide 'rect': model 'broken' failed: ")
+    assert BROKEN[make] in errors[0]
+    for key in models:
+        assert not out[key].zarr.exists() and not out[key].metrics.exists()
+    assert not out["broken"].kept().zarr.exists() and not out["broken"].kept().metrics.exists()
+    assert out["grid"].kept().metrics.is_file()
+    assert [p.name for p in (tmp_path / "out").rglob(".*-*")] == []  # no temporaries left
+    waiting = load_embeddings(out["grid"].kept().zarr)[0]
+    assert waiting.shape == (80, 48)
+
+    caplog.clear()
+    alone = {"grid": grid}
+    assert embed_slide_models(rect_slide, "rect", tiled, out, alone, params(alone)) == {}
+    assert "model grid was embedded by the last run; kept" in caplog.text
+    np.testing.assert_array_equal(load_embeddings(out["grid"].zarr)[0], waiting)
+    assert out["grid"].metrics.is_file() and not (tmp_path / "out" / "grid" / ".kept").exists()
+
+
+def test_a_model_that_fails_leaves_a_current_model_as_it_was(
     rect_slide, tiled, grid_program, tmp_path
 ):
-    """A model whose features are not finite fails the job with its reason; the model
-    that was current keeps its outputs as they were, and nothing half-written is left."""
-    broken = tmp_path / "not_finite.pt"
-    torch.jit.save(torch.jit.script(NotFinite()), str(broken))
+    """A model added to a done slide that fails: the model that was current is not in
+    the job, and keeps its outputs as they were."""
     grid = two_models(grid_program)["grid"]
     out = outputs(tmp_path / "out", ["grid", "broken"])
     embed_slide_models(rect_slide, "rect", tiled, out, {"grid": grid}, params({"grid": grid}))
     kept = out["grid"].metrics.read_text()
-    models = {"grid": grid, "broken": replace(grid, checkpoint=str(broken))}
-    with pytest.raises(NonFiniteError, match="NaN or infinite"):
+    models = {"grid": grid, "broken": not_finite(grid, tmp_path)}
+    with pytest.raises(ModelsFailedError, match=r"1 model\(s\) failed: broken \(each"):
         embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
     assert out["grid"].metrics.read_text() == kept
     assert load_embeddings(out["grid"].zarr)[0].shape == (80, 48)
-    assert not out["broken"].zarr.exists() and not out["broken"].metrics.exists()
-    assert [p.name for p in (tmp_path / "out").rglob(".*tmp-*")] == []
+    assert not out["broken"].zarr.exists() and not out["broken"].kept().zarr.exists()
+
+
+@pytest.mark.workflow
+def test_a_cohort_with_a_failing_model_keeps_the_others_and_says_which_failed(
+    workflow, rect_slide, grid_program, tmp_path
+):
+    """Snakemake removes the new outputs of a failed job: the model that finished waits
+    in its kept folder, cohort.tsv says which model failed and why, and the next run,
+    the broken model mended, embeds only it."""
+    torch.jit.save(torch.jit.script(NotFinite()), str(tmp_path / "not_finite.pt"))
+    workflow.sheet([("rect", rect_slide)])
+    grid = {"name": "custom", "checkpoint": grid_program, "precision": "fp32"}
+    with_models(
+        workflow, {"grid": grid, "broken": grid | {"checkpoint": str(tmp_path / "not_finite.pt")}}
+    )
+    failed = workflow.run(check=False)
+    assert failed.returncode != 0
+    assert "slide 'rect': model 'broken' failed: the model's tile features" in failed.stderr
+    cohort = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t", index_col="model")
+    assert list(cohort["status"]) == ["pending", "failed"]
+    assert cohort.loc["broken", "reason"].startswith("slide 'rect': model 'broken' failed: ")
+    assert "kept until the slide's other models succeed" in cohort.loc["grid", "reason"]
+    assert not workflow.result("rect", "grid/embeddings.zarr").exists()
+
+    with_models(workflow, {"grid": grid, "broken": grid | {"input_size": 112}})
+    workflow.run()
+    log = workflow.log("rect", "embed_tiles")
+    assert "model grid was embedded by the last run; kept" in log
+    assert "read once for models broken on" in log
+    cohort = pd.read_csv(workflow.dir / "results" / "cohort.tsv", sep="\t")
+    assert set(cohort["status"]) == {"done"}
 
 
 def test_the_cohort_summary_of_a_model_list_with_nothing_done_lists_every_pair(tmp_path):

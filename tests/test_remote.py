@@ -29,7 +29,8 @@ from conftest import REPO
 from safetensors.torch import save_file
 
 from slidesnake.embed.loop import embed_slide
-from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+from slidesnake.embed.model_list import embed_slide_models
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.embed.store import load_embeddings
 from slidesnake.errors import ConfigError, RemoteError, RemoteRefusedError

@@ -28,8 +28,10 @@ def configure_logging(log_path: str | Path | None = None) -> None:
     logging.captureWarnings(True)
 
 
-class Terminated(Exception):
-    """SIGTERM arrived: what SLURM sends on scancel, preemption or a time limit."""
+class Terminated(BaseException):
+    """SIGTERM arrived: what SLURM sends on scancel, preemption or a time limit. Not an
+    Exception, so that code which lets one model of a job fail alone does not take it
+    for that model's failure."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -187,7 +187,8 @@ def _embed_models(job: Any, models: dict[str, dict[str, Any]], jobs_on_gpu: int)
     from pathlib import Path
 
     from slidesnake.cohort.rule_params import embedding_params
-    from slidesnake.embed.model_list import ModelOutputs, embed_slide_models
+    from slidesnake.embed.model_list import embed_slide_models
+    from slidesnake.embed.model_outputs import ModelOutputs
     from slidesnake.embed.settings import EmbedSettings
 
     open_served = None

@@ -12,6 +12,7 @@ the job was killed.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from html import escape
 from pathlib import Path
@@ -28,6 +29,7 @@ from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.atomic import OutputSet, atomic_output, output_set
 from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.tiling.tile_table import read_dropped
 
 # dropped_*: tiles the artefact filters removed, for slides tiled with the filter on
@@ -36,6 +38,8 @@ COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_p
            "loader_wait_fraction"]  # fmt: skip
 # With several models, each model's own time in the job it shared with the others.
 MODEL_COLUMNS = ["model_s", "model_tiles_per_s"]
+# The line of a model that failed in a job of several (embed.model_list)
+MODEL_FAILED = re.compile(r"model '([^']+)' failed: ")
 
 
 def slide_status(
@@ -57,12 +61,15 @@ def slide_status(
         dropped = read_dropped(results / slide_id / "tiles.parquet")
         dropped = {f"dropped_{name}": count for name, count in dropped.items()}
         return row | {"status": "done", "reason": "", **metrics, **dropped}
-    return row | {"status": "pending", "reason": ""}
+    kept = ModelOutputs(outputs / "embeddings.zarr", metrics_path).kept()
+    waits = "embedded; kept until the slide's other models succeed" if model else ""
+    return row | {"status": "pending", "reason": waits if kept.metrics.is_file() else ""}
 
 
 def failure_in_run(log_dir: Path, since: float, model: str = "") -> str:
     """Why a job of this slide (and of its `model`) failed in the run started at `since`,
-    or '' if none did."""
+    or '' if none did. The embedding job of a model list names each model that failed on
+    a line of its own: the others did not fail there."""
     # An empty log is a job that never started: Snakemake creates the logs of a SLURM
     # group's jobs up front, and stops the group at its first failure.
     found = [*log_dir.glob("*.log"), *((log_dir / model).glob("*.log") if model else [])]
@@ -71,8 +78,11 @@ def failure_in_run(log_dir: Path, since: float, model: str = "") -> str:
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if " ERROR " in line]
         if errors:
-            return errors[-1].split(": ", 1)[-1]
-        if not lines or not lines[-1].endswith(JOB_DONE):
+            failed = {named[1]: line for line in errors if (named := MODEL_FAILED.search(line))}
+            reason = failed.get(model, "") if failed else errors[-1]
+            if reason:
+                return reason.split(": ", 1)[-1]
+        elif not lines or not lines[-1].endswith(JOB_DONE):
             return f"{log.stem} stopped without a result (killed?); see {log}"
     return ""
 

@@ -71,7 +71,9 @@ def embed_slide(
         with atomic_output(zarr_path) as tmp:
             writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
             run = ModelRun(embedder, writer, settings.output_dtype)
-            timings = run_models([run], batches, dataset.batch_shape, settings, device)
+            timings, failed = run_models([run], batches, dataset.batch_shape, settings, device)
+            if failed:
+                raise failed[0]
             startup = _startup(clock, timings, embedder)
             timings |= startup
             slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
@@ -205,23 +207,28 @@ def run_models(
     batch_shape: tuple[int, ...],
     settings: EmbedSettings,
     device: torch.device,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[int, Exception]]:
     """The hot loop, from the models ready to the last feature handed to the writers: each
     batch goes to the device once and to every model (a `ModelRun` here, or a served
-    model's run, which takes the batch's uint8 `pixels`). Returns its wall time, the
-    time it waited for data, when the first batch reached the models, and how many
-    compressed slide tiles the workers decoded."""
+    model's run, which takes the batch's uint8 `pixels`).
+
+    A model that fails (its forward pass, its server, the check of its features) drops
+    out and the others go on; the loop ends early when none is left. Returns the loop's
+    timings (its wall time, the time it waited for data, when the first batch reached
+    the models, how many compressed slide tiles the workers decoded) and the errors of
+    the models that failed, by index. An error of the loader ends the loop: it raises."""
     started = time.perf_counter()
     staging = _PinnedStaging(device, batch_shape) if device.type == "cuda" else None
     progress = Progress(runs[0].writer.rows, settings.progress_s, settings.watchdog_s)
     results: queue.Queue = queue.Queue(maxsize=8 * len(runs))
-    drain = _Drain(results, [run.writer for run in runs])
+    failed: dict[int, Exception] = {}  # written by this thread and the writer's
+    drain = _Drain(results, [run.writer for run in runs], failed)
     drain.start()
     waited, first_batch_at = 0.0, None
-    delivers = [_deliver(index, results, progress) for index in range(len(runs))]
+    delivers = [_deliver(index, results) for index in range(len(runs))]
     with progress:
         try:
-            while True:
+            while len(failed) < len(runs):
                 progress.state("waiting for the loader")
                 t0 = time.perf_counter()
                 item = next(batches, None)
@@ -235,23 +242,33 @@ def run_models(
                 if staging is not None:
                     tiles = staging.to_device(tiles)
                 shaped = {} if len(runs) > 1 else None  # each model input made once
-                for run, deliver in zip(runs, delivers, strict=True):
-                    run.feed(rows, pixels, tiles, shaped, deliver)
-            for run, deliver in zip(runs, delivers, strict=True):
-                run.flush(deliver)
+                _each_model(runs, delivers, failed, "feed", rows, pixels, tiles, shaped)
+                progress.advance(len(rows))
+            _each_model(runs, delivers, failed, "flush")
         finally:
             # Also on an error or SIGTERM: no write may land in a store after its temporary
             # is removed, so the writer stops before this function is left.
             drain.finish(abandon=sys.exc_info()[0] is not None)
-    if drain.error is not None:
-        raise drain.error
     ended = time.perf_counter()
-    return {
+    timings = {
         "wall_s": ended - started,
         "loader_wait_s": waited,
         "first_batch_at": first_batch_at or ended,
         **batches.reads(),
     }
+    return timings, failed
+
+
+def _each_model(runs: list, delivers: list, failed: dict, method: str, *args) -> None:
+    """Call `method` of every model still in (with its `deliver` last); a model that
+    raises drops out with its error. SIGTERM is not an Exception: it ends the job."""
+    for index, (run, deliver) in enumerate(zip(runs, delivers, strict=True)):
+        if index in failed:
+            continue
+        try:
+            getattr(run, method)(*args, deliver)
+        except Exception as err:
+            failed.setdefault(index, err)
 
 
 _HOST_DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -290,25 +307,24 @@ def _to_host(features: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | N
     return host, done
 
 
-def _deliver(index: int, results: queue.Queue, progress: Progress):
-    """Model `index`'s hand-over of a batch's features to the writer thread; progress
-    counts the first model's tiles (every model gets every tile)."""
+def _deliver(index: int, results: queue.Queue):
+    """Model `index`'s hand-over of a batch's features to the writer thread."""
 
     def deliver(rows: np.ndarray, features: np.ndarray) -> None:
         results.put((index, rows, features))
-        if index == 0:
-            progress.advance(len(rows))
 
     return deliver
 
 
 class _Drain(threading.Thread):
-    """Writer thread: zarr writes happen here, off the hot loop."""
+    """Writer thread: zarr writes happen here, off the hot loop. A writer that refuses
+    its features (not finite, say) records its model in `failed`, and gets no more."""
 
-    def __init__(self, results: queue.Queue, writers: list[EmbeddingWriter]) -> None:
+    def __init__(
+        self, results: queue.Queue, writers: list[EmbeddingWriter], failed: dict[int, Exception]
+    ) -> None:
         super().__init__(name="zarr-writer", daemon=True)
-        self.results, self.writers = results, writers
-        self.error: Exception | None = None
+        self.results, self.writers, self.failed = results, writers, failed
         self.abandoned = False
 
     def finish(self, abandon: bool) -> None:
@@ -319,12 +335,13 @@ class _Drain(threading.Thread):
 
     def run(self) -> None:
         while (item := self.results.get()) is not None:
-            if self.error is None and not self.abandoned:
-                index, rows, features = item
-                try:
-                    self.writers[index].put(rows, features)
-                except Exception as err:  # re-raised by the main thread after the loop
-                    self.error = err
+            index, rows, features = item
+            if index in self.failed or self.abandoned:
+                continue
+            try:
+                self.writers[index].put(rows, features)
+            except Exception as err:  # the main thread drops the model at its next batch
+                self.failed.setdefault(index, err)
 
 
 def _attributes(slide: dict, embedder: Embedder, settings, timings) -> dict:

@@ -16,22 +16,29 @@ import json
 import logging
 import os
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from slidesnake.atomic import atomic_output
+from slidesnake.atomic import OutputSet, atomic_output, output_set
 from slidesnake.embed.loop import ModelRun, device_name, run_models, slide_device
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
-from slidesnake.embed.store import EmbeddingWriter, open_embeddings
-from slidesnake.errors import ConfigError, EmbeddingsError, ModelError, SlideError
+from slidesnake.embed.store import EmbeddingWriter
+from slidesnake.errors import (
+    ConfigError,
+    ModelError,
+    ModelsFailedError,
+    SlideError,
+    SlidesnakeError,
+)
 from slidesnake.loader.batches import TileBatches
 from slidesnake.models.embedder import DTYPES, Embedder, build_embedder, parameter_count
 from slidesnake.models.registry import ModelInput, ModelSpec, model_input, model_spec
@@ -44,14 +51,6 @@ log = logging.getLogger(__name__)
 # What a model needs on a GPU beyond its weights: activations of a batch, the allocator's
 # slack. Generous on purpose: the check is there to refuse a list that cannot fit.
 ACTIVATION_BYTES = 2 * 2**30
-
-
-@dataclass(frozen=True)
-class ModelOutputs:
-    """Where one model's outputs for one slide go."""
-
-    zarr: Path
-    metrics: Path
 
 
 def embedding_keys(
@@ -76,15 +75,6 @@ def embedding_keys(
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
     return {key: digest(model) for key, model in params.items()}
-
-
-def is_current(outputs: ModelOutputs, key: str) -> bool:
-    """Both outputs exist, finished, and record `key`."""
-    try:
-        recorded = json.loads(outputs.metrics.read_text()).get("embedding_key")
-        return recorded == key and open_embeddings(outputs.zarr).attrs.get("embedding_key") == key
-    except (OSError, ValueError, AttributeError, EmbeddingsError):
-        return False
 
 
 def weights_bytes(spec: ModelSpec, settings: EmbedSettings) -> int:
@@ -139,70 +129,168 @@ def embed_slide_models(
     current; returns the metrics of those it embedded. `jobs_on_gpu`: how many jobs may
     share this job's GPU, for the check that the models fit it. `open_served(settings,
     spec, input, slide_id)`: the run of a served model (`remote.model_run.RemoteRun`,
-    given by the caller: the remote backend builds on this room, not the reverse)."""
+    given by the caller: the remote backend builds on this room, not the reverse).
+
+    A model that fails drops out, its error logged with its key; the others finish and
+    wait in their kept folders (`ModelOutputs.kept`), and ModelsFailedError ends the job.
+    The outputs move into place only when every model is current."""
     started = process_started()
     keys = embedding_keys({key: params[key] for key in settings}, tiles_path, slide_path)
-    stale = [key for key in settings if not is_current(outputs[key], keys[key])]
-    for key in settings.keys() - set(stale):
-        log.info("slide '%s': model %s is current; not embedded again", slide_id, key)
-    if not stale:
-        return {}
-    local = [key for key in stale if settings[key].backend == "local"]
-    device = (device or slide_device()) if local else torch.device("cpu")
-    tiles, geometry = read_tiles(tiles_path)
-    coords = tiles[["x", "y"]].to_numpy(np.int64)
-    wanted = {key: _wanted(key, settings[key], geometry) for key in stale}
-    if device.type == "cuda":
-        needs = {
-            key: weights_bytes(wanted[key][0], settings[key]) + ACTIVATION_BYTES for key in local
-        }
-        check_memory(needs, *torch.cuda.mem_get_info(device), jobs_on_gpu)
-    first = settings[stale[0]]
-    batch_size = min(settings[key].batch_size for key in stale)  # the one that fits them all
-    dataset = TileBatches(slide_path, slide_id, coords, geometry, batch_size, first.block)
-    with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as job:
-        models = {
-            key: _open(wanted[key], settings[key], device, slide_id, open_served) for key in stale
-        }
-        for model in models.values():
-            if not isinstance(model, Embedder):
-                job.callback(model.close)
-        digests = {key: model.weights_digest() for key, model in models.items() if key in local}
-        log.info(
-            "slide '%s': %d tiles read once for models %s on %s, batch %d",
-            slide_id, len(coords), ", ".join(stale), device, batch_size,
-        )  # fmt: skip
-        runs = []
-        for key in stale:
-            store = job.enter_context(atomic_output(outputs[key].zarr))
-            dtype = settings[key].output_dtype
-            writer = EmbeddingWriter(store, coords, models[key].dim, dtype)
-            runs.append(_run(models[key], writer, dtype))
-        timings = run_models(runs, batches, dataset.batch_shape, first, device)
-        timings["startup_s"] = timings.pop("first_batch_at") - started
-        slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
-        for key, run in zip(stale, runs, strict=True):
-            attributes = _attributes(slide, key, run, settings[key])
-            digest = digests.get(key)
-            attributes |= {"embedding_key": keys[key], "timings": timings}
-            attributes["weights_sha256"] = digest.value() if digest else None
-            run.writer.finish(attributes)
-    shared = {
-        "models_in_job": stale,
-        "job_s": round(time.perf_counter() - started, 3),
-        "device": str(device),
-        "device_name": device_name(device),
-        "batch_size": batch_size,
-    }
-    metrics = {
-        key: _metrics(key, run, len(coords), timings, shared) | {"embedding_key": keys[key]}
-        for key, run in zip(stale, runs, strict=True)
-    }
-    for key, values in metrics.items():
-        with atomic_output(outputs[key].metrics) as tmp:
-            tmp.write_text(json.dumps(values, indent=2) + "\n")
-    _log_done(slide_id, len(coords), timings, metrics, shared["job_s"])
+    stale = _stale_models(outputs, keys, slide_id)
+    metrics: dict[str, dict[str, Any]] = {}
+    if stale:
+        kept = {key: outputs[key].kept() for key in stale}
+        job = _ModelJob(slide_path, slide_id, tiles_path, settings, started)
+        metrics, failed = job.embed(stale, kept, keys, device, jobs_on_gpu, open_served)
+        if failed:
+            raise _failed(slide_id, failed, [key for key in stale if key not in failed])
+    for key in settings:
+        if not outputs[key].is_current(keys[key]):
+            outputs[key].kept().move_to(outputs[key])
     return metrics
+
+
+def _stale_models(
+    outputs: dict[str, ModelOutputs], keys: dict[str, str], slide_id: str
+) -> list[str]:
+    """The models to embed: those current neither in place nor in their kept folder."""
+    stale = []
+    for key in keys:
+        final, kept = outputs[key], outputs[key].kept()
+        if final.is_current(keys[key]):
+            log.info("slide '%s': model %s is current; not embedded again", slide_id, key)
+            kept.remove()
+        elif kept.is_current(keys[key]):
+            log.info("slide '%s': model %s was embedded by the last run; kept", slide_id, key)
+        else:
+            stale.append(key)
+    return stale
+
+
+def _failed(slide_id: str, failed: dict[str, Exception], done: list[str]) -> ModelsFailedError:
+    """Log each failed model's line, naming its key (the cohort summary reads them);
+    the job's error, naming them all."""
+    for key, err in failed.items():
+        if not isinstance(err, SlidesnakeError):
+            log.info("model '%s', the traceback of the error below:\n%s", key,
+                     "".join(traceback.format_exception(err)).rstrip())  # fmt: skip
+            err = f"unexpected {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        log.error("slide '%s': model '%s' failed: %s", slide_id, key, err)
+    kept = f"; the embeddings of {', '.join(done)} are kept, and the next run embeds only "
+    kept = kept + "the failed models" if done else ""
+    return ModelsFailedError(
+        f"{len(failed)} model(s) failed: {', '.join(failed)} (each one's line is above){kept}"
+    )
+
+
+class _ModelJob:
+    """The stale models of one slide, embedded from one read into their kept folders."""
+
+    def __init__(self, slide_path, slide_id: str, tiles_path, settings, started: float) -> None:
+        self.slide_path, self.slide_id, self.settings = slide_path, slide_id, settings
+        self.started = started
+        tiles, self.geometry = read_tiles(tiles_path)
+        self.coords = tiles[["x", "y"]].to_numpy(np.int64)
+        self.failed: dict[str, Exception] = {}
+
+    def embed(self, stale, kept, keys, device, jobs_on_gpu, open_served) -> tuple[dict, dict]:
+        """The metrics of the models that finished, and the errors of those that failed."""
+        settings = self.settings
+        local = [key for key in stale if settings[key].backend == "local"]
+        device = (device or slide_device()) if local else torch.device("cpu")
+        wanted = {key: _wanted(key, settings[key], self.geometry) for key in stale}
+        if device.type == "cuda":
+            needs = {
+                key: weights_bytes(wanted[key][0], settings[key]) + ACTIVATION_BYTES
+                for key in local
+            }
+            check_memory(needs, *torch.cuda.mem_get_info(device), jobs_on_gpu)
+        first = settings[stale[0]]
+        batch_size = min(settings[key].batch_size for key in stale)  # one that fits them all
+        dataset = TileBatches(
+            self.slide_path, self.slide_id, self.coords, self.geometry, batch_size, first.block
+        )
+        with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as job:
+            models = self._open(stale, wanted, device, open_served, job)
+            if not models:
+                return {}, self.failed
+            log.info(
+                "slide '%s': %d tiles read once for models %s on %s, batch %d",
+                self.slide_id, len(self.coords), ", ".join(models), device, batch_size,
+            )  # fmt: skip
+            with output_set([kept[key].zarr for key in models]) as stores:
+                runs = self._runs(models, stores, kept)
+                timings, failed = run_models(
+                    list(runs.values()), batches, dataset.batch_shape, first, device
+                )
+                self.failed |= {list(runs)[index]: err for index, err in failed.items()}
+                timings["startup_s"] = timings.pop("first_batch_at") - self.started
+                slide = slide_attributes(
+                    self.slide_path, self.slide_id, self.geometry, dataset.slide_stat
+                )
+                self._finish(runs, stores, kept, keys, slide, timings)
+        shared = {
+            "models_in_job": stale,
+            "job_s": round(time.perf_counter() - self.started, 3),
+            "device": str(device),
+            "device_name": device_name(device),
+            "batch_size": batch_size,
+        }
+        done = {key: run for key, run in runs.items() if key not in self.failed}
+        metrics = {
+            key: _metrics(key, run, len(self.coords), timings, shared)
+            | {"embedding_key": keys[key]}
+            for key, run in done.items()
+        }
+        for key, values in metrics.items():
+            with atomic_output(kept[key].metrics) as tmp:
+                tmp.write_text(json.dumps(values, indent=2) + "\n")
+        if metrics:
+            _log_done(self.slide_id, len(self.coords), timings, metrics, shared["job_s"])
+        return metrics, self.failed
+
+    def _open(self, stale, wanted, device, open_served, job: ExitStack) -> dict:
+        """Each model ready to embed, by key; one that cannot be opened (its weights, its
+        server) fails alone."""
+        models = {}
+        for key in stale:
+            try:
+                models[key] = _open(
+                    wanted[key], self.settings[key], device, self.slide_id, open_served
+                )
+            except Exception as err:
+                self.failed[key] = err
+                continue
+            if not isinstance(models[key], Embedder):
+                job.callback(models[key].close)
+        return models
+
+    def _runs(self, models: dict, stores: OutputSet, kept: dict[str, ModelOutputs]) -> dict:
+        runs = {}
+        for key, model in models.items():
+            dtype = self.settings[key].output_dtype
+            store = stores.path(kept[key].zarr)
+            runs[key] = _run(model, EmbeddingWriter(store, self.coords, model.dim, dtype), dtype)
+        # Threads, so after the loader's fork: the digests of the local models' weights.
+        local = {key: model for key, model in models.items() if isinstance(model, Embedder)}
+        self.digests = {key: model.weights_digest() for key, model in local.items()}
+        return runs
+
+    def _finish(self, runs, stores: OutputSet, kept, keys, slide: dict, timings: dict) -> None:
+        """Record each finished store's attributes; drop the stores of failed models."""
+        for key, run in runs.items():
+            if key not in self.failed:
+                digest = self.digests.get(key)
+                attributes = _attributes(slide, key, run, self.settings[key])
+                attributes |= {"embedding_key": keys[key], "timings": timings}
+                attributes["weights_sha256"] = digest.value() if digest else None
+                try:
+                    run.writer.finish(attributes)
+                except Exception as err:
+                    self.failed[key] = err
+            if key in self.failed:
+                stores.drop(kept[key].zarr)
+                kept[key].remove()
 
 
 def _open(wanted: tuple, settings: EmbedSettings, device, slide_id: str, open_served):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 MB = 1 << 20
@@ -60,18 +61,28 @@ def file_digest(path: str | Path) -> str:
 
 
 def cached_sha256(path: str | Path) -> str:
-    """sha256 of a file, cached under $XDG_CACHE_HOME/slidesnake by the file's inode, size,
-    modification and change times: the change time cannot be set back, so a file
-    replaced by `cp -p` or a restore misses the cache."""
+    """sha256 of a file, cached by the file's inode, size, modification and change times:
+    the change time cannot be set back, so a file replaced by `cp -p` or a restore
+    misses the cache."""
     status = os.stat(path)
-    key = f"{os.path.realpath(path)}\0{status.st_ino}\0{status.st_size}\0"
-    key += f"{status.st_mtime_ns}\0{status.st_ctime_ns}"
+    key = f"{os.path.realpath(path)}\0{stat_key(status)}"
+    return cached_digest(key, lambda: sha256(path))
+
+
+def stat_key(status: os.stat_result) -> str:
+    """What identifies a file's content without reading it, for `cached_digest`."""
+    return f"{status.st_ino}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_ctime_ns}"
+
+
+def cached_digest(key: str, compute: Callable[[], str]) -> str:
+    """`compute()`, cached under $XDG_CACHE_HOME/slidesnake by `key`, which names what it
+    reads and identifies its state (`stat_key`)."""
     cached = digest_cache() / hashlib.sha256(key.encode()).hexdigest()
     try:
         return cached.read_text().strip()
     except OSError:
         pass
-    value = sha256(path)
+    value = compute()
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         temporary = cached.with_name(f".{cached.name}.{os.getpid()}")

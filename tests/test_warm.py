@@ -302,14 +302,30 @@ def test_edited_code_or_another_environment_gets_a_server_of_its_own(tmp_path, m
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hub"))  # read once, at import
     assert warm.socket_path() != before
     monkeypatch.delenv("HF_HOME")
-    source = Path(warm.__file__).with_name("rule_jobs.py")
-    times = source.stat()
-    try:
-        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns + 1_000_000_000))
-        assert warm.socket_path() != before
-    finally:
-        os.utime(source, ns=(times.st_atime_ns, times.st_mtime_ns))
     assert warm.socket_path() == before
+    monkeypatch.setattr(warm, "code_digest", lambda package: "another version")
+    assert warm.socket_path() != before
+
+
+def test_an_edit_that_keeps_size_and_mtime_changes_the_code_digest(tmp_path, monkeypatch):
+    """`cp -p`, `rsync -a` or a checkout that restores times: the code is its content."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    package = tmp_path / "package"
+    (package / "stage").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    module = package / "stage" / "mask.py"
+    module.write_text("THRESHOLD = 0.25\n")
+    before = warm.code_digest(package)
+    assert warm.code_digest(package) == before  # cached, and stable
+    times = module.stat()
+    edited = tmp_path / "mask.py"
+    edited.write_text("THRESHOLD = 0.75\n")
+    os.utime(edited, ns=(times.st_atime_ns, times.st_mtime_ns))
+    shutil.copy2(edited, module)  # what cp -p does
+    assert (module.stat().st_size, module.stat().st_mtime_ns) == (times.st_size, times.st_mtime_ns)
+    assert warm.code_digest(package) != before
+    module.write_text("THRESHOLD = 0.25\n")
+    assert warm.code_digest(package) == before
 
 
 def _zombie(pid: int) -> bool:

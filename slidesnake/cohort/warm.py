@@ -43,6 +43,7 @@ from typing import Any
 
 from slidesnake.cohort.rule_jobs import JOBS, warm_up
 from slidesnake.embed.startup import JOB_STARTED_ENV, process_started
+from slidesnake.side_files import cached_digest, stat_key
 
 IDLE_S = 60.0
 # A job whose client went away gets SIGTERM (to remove its temporary outputs), then
@@ -106,17 +107,33 @@ def _server_environment() -> dict[str, str]:
 
 def _server_digest() -> str:
     """A digest of the interpreter, the environment (libraries read some of it once, at
-    import: HF_HOME, PYTHONPATH, ...) and every source file of slidesnake (names, sizes,
-    mtimes): an edited module or a changed environment gets a new server, never a stale
-    one."""
+    import: HF_HOME, PYTHONPATH, ...) and slidesnake's code: an edited module or a
+    changed environment gets a new server, never a stale one."""
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{package}".encode())
     for name, value in sorted(_server_environment().items()):
         digest.update(f"{name}={value}\0".encode())
-    for path in sorted(package.rglob("*.py")):
-        info = path.stat()
-        digest.update(f"{path.relative_to(package)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    digest.update(code_digest(package).encode())
     return digest.hexdigest()[:20]
+
+
+def code_digest(package: Path) -> str:
+    """sha256 of the names and contents of a package's source files. Cached by their
+    stats, change times included: an edit that keeps a file's size and modification time
+    (`cp -p`, `rsync -a`, a checkout restoring times) still changes its change time."""
+    files = sorted(package.rglob("*.py"))
+    key = f"code {package}\0" + "\0".join(
+        f"{path.relative_to(package)}\0{stat_key(path.stat())}" for path in files
+    )
+
+    def contents() -> str:
+        digest = hashlib.sha256()
+        for path in files:
+            data = path.read_bytes()
+            digest.update(f"{path.relative_to(package)}\0{len(data)}\0".encode() + data)
+        return digest.hexdigest()
+
+    return cached_digest(key, contents)
 
 
 def _run_warm(job: Any, function: str) -> int | None:

@@ -11,7 +11,9 @@ import hashlib
 import io
 import json
 import re
+import resource
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -21,7 +23,7 @@ import torch
 from safetensors.torch import save
 
 from slidesnake.cli import main
-from slidesnake.models import registry
+from slidesnake.models import registry, weight_files
 from slidesnake.models.embedder import build_network
 from slidesnake.models.registry import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 
@@ -35,6 +37,8 @@ class Hub(BaseHTTPRequestHandler):
 
     files: ClassVar[dict[tuple[str, str], bytes]] = {}
     gated: ClassVar[set[str]] = set()
+    declared: ClassVar[int | None] = None  # the size it says, if not the file's
+    endless: ClassVar[bool] = False  # a body without end, its length unsaid
 
     def log_message(self, *args) -> None:
         pass
@@ -55,14 +59,27 @@ class Hub(BaseHTTPRequestHandler):
             self._error(404, "EntryNotFound", f"{name} does not exist in {repo}")
         else:
             digest = hashlib.sha256(data).hexdigest()
+            size = str(self.declared or len(data))
             self.send_response(200)
             for key, value in (("X-Repo-Commit", COMMIT), ("X-Linked-Etag", f'"{digest}"'),
-                               ("ETag", f'"{digest}"'), ("X-Linked-Size", str(len(data))),
-                               ("Content-Length", str(len(data)))):  # fmt: skip
+                               ("ETag", f'"{digest}"'), ("X-Linked-Size", size)):  # fmt: skip
                 self.send_header(key, value)
+            if not (body and self.endless):
+                self.send_header("Content-Length", size)
             self.end_headers()
-            if body:
+            if body and self.endless:
+                self._send_without_end()
+            elif body:
                 self.wfile.write(data)
+
+    def _send_without_end(self) -> None:
+        self.close_connection = True
+        block = bytes(1 << 20)
+        try:
+            while True:
+                self.wfile.write(block)
+        except OSError:
+            pass  # the client stopped reading
 
     def _error(self, status: int, code: str, message: str) -> None:
         self.send_response(status)
@@ -75,7 +92,8 @@ class Hub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path) -> Iterator[type[Hub]]:
-    served = type("Served", (Hub,), {"files": {}, "gated": set()})
+    served = type("Served", (Hub,), {"files": {}, "gated": set(), "declared": None,
+                                     "endless": False})  # fmt: skip
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), served)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -224,6 +242,62 @@ def test_a_hub_that_cannot_be_reached_fails_in_one_line(tiny_models, tmp_path, m
     error = capsys.readouterr().err
     assert "standin/tiny-a: model.safetensors could not be fetched (ConnectError" in error
     assert "fetch on a machine that reaches the hub" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("lie", ["declared", "endless"])
+def test_a_hub_that_declares_or_sends_more_than_the_model_needs_is_cut_off(
+    lie, hub, tiny_models, tmp_path, capsys
+):
+    """40 GB declared for a model of a few MB, or a body without end: refused at the
+    model's bound (its parameters at fp32, with a margin), in seconds, nothing kept."""
+    hub.files = {("standin/tiny-a", "model.safetensors"): save(tiny_state())}
+    bound = weight_files.max_file_bytes(weight_files.hub_weights("tiny-a").parameters)
+    if lie == "declared":
+        hub.declared = 40 * 2**30
+    else:
+        hub.endless = True
+    carried = tmp_path / "carried"
+    started = time.monotonic()
+    with pytest.raises(SystemExit):
+        weights("fetch", "tiny-a", "--to", str(carried))
+    assert time.monotonic() - started < 30
+    error = capsys.readouterr().err
+    said = "is declared 42.95 GB" if lie == "declared" else f"was sent past {bound / 1e9:.2f} GB"
+    assert f"standin/tiny-a: model.safetensors {said}, more than model 'tiny-a' can need" in error
+    assert "refused and nothing kept" in error
+    written = [p for p in carried.rglob("*") if p.is_file()]
+    assert [p for p in written if p.suffix in (".safetensors", ".incomplete")] == []
+    assert not (carried / "manifest.json").exists()
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY
+
+    hub.declared, hub.endless = None, False  # the hub mended: the fetch starts afresh
+    weights("fetch", "tiny-a", "--to", str(carried))
+    assert (carried / "tiny-a" / "model.safetensors").read_bytes() == save(tiny_state())
+
+
+def test_verify_reads_nothing_outside_its_folder(hub, tiny_models, tmp_path, capsys):
+    """A manifest's model name that is a path, or a file that links outside: refused."""
+    hub.files = {("standin/tiny-a", "model.safetensors"): save(tiny_state()),
+                 ("standin/tiny-b", "model.safetensors"): save(tiny_state())}  # fmt: skip
+    carried = tmp_path / "carried"
+    weights("fetch", *tiny_models, "--to", str(carried))
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (carried / "tiny-b" / "model.safetensors").rename(elsewhere)
+    (carried / "tiny-b" / "model.safetensors").symlink_to(elsewhere)
+    with pytest.raises(SystemExit):
+        weights("verify", str(carried))
+    out = capsys.readouterr().out
+    assert f"FAIL  {carried}/tiny-b/model.safetensors: is a link to {elsewhere}, outside" in out
+
+    manifest = json.loads((carried / "manifest.json").read_text())
+    entry = manifest["models"]["tiny-a"]
+    for name in (str(tmp_path / "tiny-a"), "../tiny-a", ".."):
+        manifest["models"] = {name: entry}
+        (carried / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(SystemExit):
+            weights("verify", str(carried))
+        assert "is not a folder's plain name" in capsys.readouterr().err
 
 
 def test_verify_without_a_manifest_says_to_fetch(tmp_path, capsys):

@@ -9,8 +9,12 @@ so that a copy truncated on its way to the cluster fails there, not in the first
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +25,10 @@ from slidesnake.errors import ConfigError, ModelError, WeightsError
 from slidesnake.models.checkpoints import HUB_FILES, load_state_dict
 from slidesnake.models.embedder import UnfitWeights, check_fit, parameter_count
 from slidesnake.models.registry import REGISTRY, ModelSpec
-from slidesnake.side_files import sha256, side_file_problem
+from slidesnake.side_files import MB, sha256, side_file_problem
 
 MANIFEST = "manifest.json"
+GB = 1e9
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Whether the hub asks for the model's licence to be accepted before a download, as
 # each model's page said when it was added; the hub's answer at fetch time decides.
@@ -69,13 +74,21 @@ def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
 
 
+def max_file_bytes(parameters: int) -> int:
+    """The most a model's weight file may hold: its parameters at fp32, with a margin for
+    the file's own records (names, shapes, a pickle's structure)."""
+    return int(parameters * 4 * 1.1) + MB
+
+
 def fetch(names: list[str], directory: Path) -> dict:
     """Download each model's weights into `directory`/<model>/ and record them in the
-    manifest there (models fetched before stay in it)."""
+    manifest there (models fetched before stay in it). A download is bounded by what the
+    model can need (`max_file_bytes`), whatever the hub declares or sends."""
     specs = [_hub_spec(name) for name in names]
     manifest = read_manifest(directory) if (directory / MANIFEST).is_file() else {"models": {}}
     for name, spec in zip(names, specs, strict=True):
-        path, revision = _download(_repo(spec), directory / name)
+        bound = _Bound(name, parameter_count(spec))
+        path, revision = _download(_repo(spec), directory / name, bound)
         size = path.stat().st_size
         manifest["models"][name] = {
             "repo": _repo(spec),
@@ -87,17 +100,40 @@ def fetch(names: list[str], directory: Path) -> dict:
     return manifest
 
 
-def _download(repo: str, destination: Path) -> tuple[Path, str]:
+@dataclass(frozen=True)
+class _Bound:
+    """The size bound of one model's download, and the line that refuses more."""
+
+    model: str
+    parameters: int
+
+    @property
+    def bytes(self) -> int:
+        return max_file_bytes(self.parameters)
+
+    def refusal(self, where: str, what: str) -> WeightsError:
+        return WeightsError(
+            f"{where} {what}, more than model '{self.model}' can need ({self.parameters:,} "
+            f"parameters: {self.bytes / GB:.2f} GB at most at fp32); refused and nothing "
+            "kept: the hub (or HF_ENDPOINT's mirror) does not serve this model's weights"
+        )
+
+
+def _download(repo: str, destination: Path, bound: _Bound) -> tuple[Path, str]:
     """The first of HUB_FILES that `repo` has, at its current revision."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError
 
     hub = endpoint()
     for filename in HUB_FILES:
+        where = f"{hub}/{repo}: {filename}"
         try:
             meta = get_hf_file_metadata(hf_hub_url(repo, filename, endpoint=hub), endpoint=hub)
-            path = hf_hub_download(repo, filename, revision=meta.commit_hash,
-                                   local_dir=destination, endpoint=hub)  # fmt: skip
+            if meta.size is not None and meta.size > bound.bytes:
+                raise bound.refusal(where, f"is declared {meta.size / GB:.2f} GB")
+            with _file_size_limit(bound.bytes):
+                path = hf_hub_download(repo, filename, revision=meta.commit_hash,
+                                       local_dir=destination, endpoint=hub)  # fmt: skip
             return Path(path), meta.commit_hash
         except EntryNotFoundError:
             continue
@@ -106,13 +142,35 @@ def _download(repo: str, destination: Path) -> tuple[Path, str]:
                 f"{hub}/{repo} is gated: accept its licence on the model's page with your "
                 "account, then set HF_TOKEN (or run `hf auth login`) and fetch again"
             ) from None
+        except OSError as err:
+            if err.errno != errno.EFBIG:
+                raise WeightsError(f"{where} could not be written ({err})") from None
+            for partial in (destination / ".cache").rglob("*.incomplete"):  # not to resume
+                partial.unlink()
+            raise bound.refusal(where, f"was sent past {bound.bytes / GB:.2f} GB") from None
+        except WeightsError:
+            raise
         except Exception as err:  # the hub's client raises its HTTP library's errors too
             raise WeightsError(
-                f"{hub}/{repo}: {filename} could not be fetched ({type(err).__name__}: "
+                f"{where} could not be fetched ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}); fetch on a machine that "
                 "reaches the hub (or set HF_ENDPOINT to a mirror)"
             ) from None
     raise WeightsError(f"{hub}/{repo} has none of {', '.join(HUB_FILES)}")
+
+
+@contextmanager
+def _file_size_limit(max_bytes: int) -> Iterator[None]:
+    """No file this process writes grows past `max_bytes` (a write past it fails with
+    EFBIG: Python ignores SIGXFSZ): the hub's client writes what the server sends, and a
+    server may send without end. Only while the hub's client runs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    limit = max_bytes if hard == resource.RLIM_INFINITY else min(max_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def read_manifest(directory: Path) -> dict:
@@ -122,14 +180,21 @@ def read_manifest(directory: Path) -> dict:
         raise WeightsError(f"{path} {problem}; run `slidesnake weights fetch` into {directory}")
     try:
         manifest = json.loads(path.read_text())
-        for entry in manifest["models"].values():
+        for model, entry in manifest["models"].items():
+            if not _plain_name(model):
+                raise ValueError(f"a model name {model!r} is not a folder's plain name")
             for record in entry["files"]:
                 name, size, digest = record["name"], record["size"], record["sha256"]
-                if Path(name).name != name or not isinstance(size, int) or len(digest) != 64:
+                if not _plain_name(name) or not isinstance(size, int) or len(digest) != 64:
                     raise ValueError(f"a file record {record!r} is malformed")
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise WeightsError(f"{path} is no weights manifest ({err}); fetch again") from None
     return manifest
+
+
+def _plain_name(name: object) -> bool:
+    """A name that stays in the folder it is joined to: no separator, not . or .."""
+    return isinstance(name, str) and Path(name).name == name and name not in ("", ".", "..")
 
 
 def verify(directory: Path) -> list[tuple[str, str | None]]:
@@ -139,11 +204,15 @@ def verify(directory: Path) -> list[tuple[str, str | None]]:
     for name, entry in read_manifest(directory)["models"].items():
         for record in entry["files"]:
             path = directory / name / record["name"]
-            results.append((str(path), _problem(name, path, record)))
+            results.append((str(path), _problem(directory, name, record)))
     return results
 
 
-def _problem(name: str, path: Path, record: dict) -> str | None:
+def _problem(directory: Path, name: str, record: dict) -> str | None:
+    path = directory / name / record["name"]
+    outside = _outside(path, directory)
+    if outside:
+        return outside
     problem = side_file_problem(path)
     if problem is not None:
         return f"{problem}; copy it again from where it was fetched"
@@ -157,6 +226,18 @@ def _problem(name: str, path: Path, record: dict) -> str | None:
     if spec is None:
         return f"'{name}' is no registry model of this slidesnake version"
     return weights_problem(spec, path)
+
+
+def _outside(path: Path, directory: Path) -> str | None:
+    """Why `path` is not inside `directory` once links are followed, or None."""
+    try:
+        inside = path.resolve().is_relative_to(directory.resolve())
+    except (OSError, RuntimeError) as err:  # a link loop
+        return f"cannot be resolved ({err}); copy it again as a file"
+    if inside:
+        return None
+    return (f"is a link to {path.resolve()}, outside {directory}: a manifest's files are "
+            "checked in its folder only; copy the file itself there")  # fmt: skip
 
 
 def weights_problem(spec: ModelSpec, path: Path, input_size: int | None = None) -> str | None:

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -336,12 +336,13 @@ def _server_finding(config: dict[str, Any]) -> Finding:
     from slidesnake.embed.settings import EmbedSettings
     from slidesnake.remote.client import InferenceClient
 
-    remote = replace(EmbedSettings.from_config(config).remote, ready_timeout_s=SERVER_WAIT_S)
+    remote = EmbedSettings.from_config(config).remote
+    wait_s = min(remote.ready_timeout_s, SERVER_WAIT_S)
     urls = [remote.url] if isinstance(remote.url, str) else list(remote.url)
     for url in urls:
         client = InferenceClient(remote, url)
         try:
-            client.wait_ready()
+            client.wait_ready(wait_s, "doctor's wait")
         finally:
             client.close()
     return Finding("OK", "server", f"model '{remote.model}' ready on {', '.join(urls)}")

@@ -202,10 +202,14 @@ class RangeServer(LoopbackServer):
                 if parts[0] == "pinned" and self.headers.get("If-Match", etag) != etag:
                     return self._status(412)
                 start, end = self._wanted(file) if ranged else (0, status.st_size)
+                claimed = 10**15 if parts[0] == "huge" else status.st_size  # a lying HEAD
+                if start >= status.st_size and ranged:
+                    return self._status(416)
                 self.send_response(206 if ranged else 200)
-                self.send_header("Content-Length", str(end - start))
+                length = end - start if ranged or body else claimed
+                self.send_header("Content-Length", str(length))
                 if ranged:
-                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{status.st_size}")
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{claimed}")
                 self.send_header("Accept-Ranges", "bytes")
                 self.send_header("ETag", etag)
                 mtime = email.utils.formatdate(status.st_mtime, usegmt=True)

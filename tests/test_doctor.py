@@ -138,12 +138,16 @@ def test_a_missing_weights_file_fails_the_weights_line(project, tmp_path):
 
 
 def test_a_server_that_is_not_there_fails_the_server_line(project, monkeypatch):
+    """The line says how long doctor waited, and how long a job would wait (the config's
+    remote.ready_timeout_s)."""
     monkeypatch.setattr(doctor, "SERVER_WAIT_S", 1.0)
     config = config_with(project, model={**TEST_MODEL["model"], "backend": "remote"},
-                         remote={"url": "http://127.0.0.1:9", "model": "m"})  # fmt: skip
+                         remote={"url": "http://127.0.0.1:9", "model": "m",
+                                 "ready_timeout_s": 45})  # fmt: skip
     finding = only(doctor.run_checks({"weights": lambda: doctor.weights_check(config)}))
     assert finding.status == "FAIL" and "http://127.0.0.1:9" in finding.message
-    assert "was not ready within" in finding.message
+    waited = "not ready within doctor's wait of 1 s (jobs wait remote.ready_timeout_s (45 s))"
+    assert waited in finding.message
 
 
 def test_a_slide_that_does_not_open_fails_the_slides_line(project, rect_slide):

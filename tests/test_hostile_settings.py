@@ -197,3 +197,14 @@ def test_the_servers_business_changes_no_remote_params():
 def test_finite_numbers_pass():
     config = settled({"artefacts": {"max_pen_fraction": 0.1, "min_focus": 30}})
     assert math.isclose(config["artefacts"]["max_pen_fraction"], 0.1)
+
+
+def test_a_value_over_a_size_limit_is_said_by_its_size_and_the_limit():
+    """Fifty models: one short line that gives the limit, not the fifty entries."""
+    models = {f"m{i}": {"name": "timm:test_vit", "weights": "random"} for i in range(50)}
+    lines = problems({"models": models})
+    assert lines == ["models: has 50 entries; at most 16 allowed"]
+    long = "x" * 5000
+    (line,) = problems({"tiles": {"size": long}})
+    assert line.startswith("tiles.size: 'xxxx") and "(5002 characters)" in line
+    assert len(line) < 200

@@ -206,6 +206,24 @@ def test_silent_and_slow_servers_fail_their_slide_within_the_deadlines(web, rect
         silent.stop()
 
 
+@pytest.mark.parametrize("kept", [0.3, 0.9])
+def test_a_store_that_claims_more_bytes_than_it_has_says_so(web, rect_slide, tmp_path, kept):
+    """A HEAD that claims 10^15 bytes for an object cut short: the reads past its end are
+    refused (416) or answered short, and the line says the object is shorter than its
+    store says, not that the store did not answer or that the TIFF is damaged."""
+    cut = tmp_path / "cut.svs"
+    data = rect_slide.read_bytes()
+    cut.write_bytes(data[: int(len(data) * kept)])
+    url = web.add(cut, f"huge/cut-{kept}.svs")
+    with pytest.raises(SlideReadError) as caught, Slide(url, "huge") as slide:
+        for y in range(0, 9000, 1000):
+            for x in range(0, 9000, 1000):
+                slide.read(0, x, y, 512, 512)
+    line = str(caught.value)
+    assert "though it said the object has 1000000000000000 bytes" in line
+    assert "shorter than its store says" in line and "retries" not in line
+
+
 def _all_tiles_share_one_jpeg(slide_path, out_path) -> None:
     """`slide_path` rewritten so that every tile entry of each level points to that level's
     one tile at the centre of the tissue (the index of a TIFF is offsets and byte counts)."""

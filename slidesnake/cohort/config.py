@@ -130,11 +130,37 @@ def check_config(config: dict[str, Any], schema: Schema) -> None:
     said = {_key(path) for path, _ in not_finite}
     validator = jsonschema.Draft202012Validator(schema)
     problems = not_finite + [
-        (list(p.path), p.message) for p in validator.iter_errors(config) if _key(p.path) not in said
+        (list(p.path), _message(p))
+        for p in validator.iter_errors(config)
+        if _key(p.path) not in said
     ]
     if problems:
         lines = [f"{_key(path)}: {message}" for path, message in sorted(problems, key=_order)]
         raise ConfigError("config:\n  " + "\n  ".join(lines))
+
+
+# Limits whose message would quote the whole value: said by its size and the limit.
+_LIMITS = {
+    "maxProperties": ("entries", "at most"),
+    "minProperties": ("entries", "at least"),
+    "maxItems": ("items", "at most"),
+    "minItems": ("items", "at least"),
+    "maxLength": ("characters", "at most"),
+    "minLength": ("characters", "at least"),
+}
+SHOWN_CHARS = 80
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """The schema's message, with a value too long to read in a line cut short: a
+    section of fifty models would otherwise fill a screen and hide the limit."""
+    if error.validator in _LIMITS and hasattr(error.instance, "__len__"):
+        unit, bound = _LIMITS[error.validator]
+        return f"has {len(error.instance)} {unit}; {bound} {error.validator_value} allowed"
+    shown = repr(error.instance)
+    if len(shown) <= SHOWN_CHARS:
+        return error.message
+    return error.message.replace(shown, f"{shown[: SHOWN_CHARS - 20]}… ({len(shown)} characters)")
 
 
 def _order(problem: tuple[list, str]) -> list[str]:

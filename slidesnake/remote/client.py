@@ -107,14 +107,19 @@ class InferenceClient:
     def close(self) -> None:
         self._http.close()
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, wait_s: float | None = None, whose: str = "") -> None:
         """Wait until the model says it is ready: a job may start while its server is
         still starting, loading weights or being restarted. Triton answers 'not ready'
         alike for a model it is loading and one it does not have, and its own readiness
         drops while it loads; so a model is taken as missing (a config error) only once
         the server has said it is ready for MODEL_GRACE_S on end. A refused token fails
-        at once."""
-        deadline = time.monotonic() + self.settings.ready_timeout_s
+        at once. `wait_s`, `whose`: a shorter wait than remote.ready_timeout_s, and whose
+        it is (doctor's), for the line that says how long it waited."""
+        wait_s = self.settings.ready_timeout_s if wait_s is None else wait_s
+        waited = f"remote.ready_timeout_s ({self.settings.ready_timeout_s:g} s)"
+        if whose:
+            waited = f"{whose} of {wait_s:g} s (jobs wait {waited})"
+        deadline = time.monotonic() + wait_s
         server_ready_since: float | None = None
         while True:
             if self._answers_ready(f"/v2/models/{self.settings.model}/ready"):
@@ -134,8 +139,8 @@ class InferenceClient:
             if now >= deadline:
                 raise RemoteError(
                     f"inference server {self.url}: the server was not ready within "
-                    f"remote.ready_timeout_s ({self.settings.ready_timeout_s} s), the last "
-                    f"answer: {self._last_answer}; start it, or check remote.url"
+                    f"{waited}, the last answer: {self._last_answer}; start it, or check "
+                    "remote.url"
                 )
             time.sleep(min(1.0, max(deadline - now, 0.0)))
 

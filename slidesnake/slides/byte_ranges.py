@@ -34,7 +34,7 @@ from slidesnake.slides.range_requests import (
     fetch_range,
     oversized_error,
 )
-from slidesnake.slides.store_errors import is_transient, read_error
+from slidesnake.slides.store_errors import is_transient, read_error, status_of
 
 # Ranges this close are fetched as one: a request costs more than a few KB of gap.
 MERGE_GAP = 4096
@@ -173,6 +173,8 @@ class RemoteRanges:
             return oversized_error(self.slide_id, self.where, str(failure))
         if isinstance(failure, NoRanges):
             return self._no_ranges(str(failure))
+        if status_of(failure) == 416:
+            return self._shorter("refused a byte range as past the object's end (HTTP 416)")
         return read_error(failure, self.slide_id, self.where, tries)
 
     def _check_inside(self, ranges: list[tuple[int, int]]) -> None:
@@ -183,15 +185,22 @@ class RemoteRanges:
     def _whole(self, blob: memoryview, wanted: tuple[int, int]) -> memoryview:
         size = wanted[1] - wanted[0]
         if len(blob) != size:
-            raise SlideReadError(
-                self.slide_id,
-                self.where,
-                f"the server answered a request for {size} bytes at byte {wanted[0]} with "
-                f"{len(blob)}, though it said the object has {self.size} bytes",
-                "check the object in its store and the server in front of it; if the object "
-                "is shorter than that, upload it again",
+            raise self._shorter(
+                f"answered a request for {size} bytes at byte {wanted[0]} with {len(blob)}"
             )
         return blob
+
+    def _shorter(self, answer: str) -> SlideReadError:
+        """A store whose object is shorter than the size it gave: a lie, or an object
+        replaced by a shorter one under the same version (no store should allow that)."""
+        return SlideReadError(
+            self.slide_id,
+            self.where,
+            f"the server {answer}, though it said the object has {self.size} bytes: the "
+            "object is shorter than its store says",
+            "compare the object's size in its store with the bytes it holds, and check any "
+            "server or proxy in front of it; if the object is cut short, upload it again",
+        )
 
     def _no_ranges(self, answer: str) -> SlideReadError:
         return SlideReadError(

@@ -237,6 +237,10 @@ class _ModelJob:
             "batch_size": batch_size,
         }
         done = {key: run for key, run in runs.items() if key not in self.failed}
+        return self._write_metrics(done, kept, keys, timings, shared), self.failed
+
+    def _write_metrics(self, done: dict, kept, keys, timings: dict, shared: dict) -> dict:
+        """Each finished model's metrics, written beside its kept store."""
         metrics = {
             key: _metrics(key, run, len(self.coords), timings, shared)
             | {"embedding_key": keys[key]}
@@ -247,7 +251,7 @@ class _ModelJob:
                 tmp.write_text(json.dumps(values, indent=2) + "\n")
         if metrics:
             _log_done(self.slide_id, len(self.coords), timings, metrics, shared["job_s"])
-        return metrics, self.failed
+        return metrics
 
     def _open(self, stale, wanted, device, open_served, job: ExitStack) -> dict:
         """Each model ready to embed, by key; one that cannot be opened (its weights, its

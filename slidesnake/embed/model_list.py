@@ -136,7 +136,7 @@ def embed_slide_models(
     The outputs move into place only when every model is current."""
     started = process_started()
     keys = embedding_keys({key: params[key] for key in settings}, tiles_path, slide_path)
-    stale = _stale_models(outputs, keys, slide_id)
+    waiting, stale = _models_not_in_place(outputs, keys, slide_id)
     metrics: dict[str, dict[str, Any]] = {}
     if stale:
         kept = {key: outputs[key].kept() for key in stale}
@@ -144,17 +144,17 @@ def embed_slide_models(
         metrics, failed = job.embed(stale, kept, keys, device, jobs_on_gpu, open_served)
         if failed:
             raise _failed(slide_id, failed, [key for key in stale if key not in failed])
-    for key in settings:
-        if not outputs[key].is_current(keys[key]):
-            outputs[key].kept().move_to(outputs[key])
+    for key in [*waiting, *stale]:
+        outputs[key].kept().move_to(outputs[key])
     return metrics
 
 
-def _stale_models(
+def _models_not_in_place(
     outputs: dict[str, ModelOutputs], keys: dict[str, str], slide_id: str
-) -> list[str]:
-    """The models to embed: those current neither in place nor in their kept folder."""
-    stale = []
+) -> tuple[list[str], list[str]]:
+    """The models current in their kept folder only (waiting to move into place), and
+    those current nowhere (to embed)."""
+    waiting, stale = [], []
     for key in keys:
         final, kept = outputs[key], outputs[key].kept()
         if final.is_current(keys[key]):
@@ -162,9 +162,10 @@ def _stale_models(
             kept.remove()
         elif kept.is_current(keys[key]):
             log.info("slide '%s': model %s was embedded by the last run; kept", slide_id, key)
+            waiting.append(key)
         else:
             stale.append(key)
-    return stale
+    return waiting, stale
 
 
 def _failed(slide_id: str, failed: dict[str, Exception], done: list[str]) -> ModelsFailedError:

@@ -216,6 +216,11 @@ def test_store_records_where_its_rows_came_from(tmp_path, blob_slide, blob_tiles
     assert metrics["width_s"] > 0  # a program's width: one tile through it
     assert metrics["startup_s"] >= metrics["imports_s"] + metrics["first_batch_after_model_s"]
     assert metrics["job_s"] > metrics["startup_s"]
+    # The model's own time (CUDA events on a GPU): inside the loop, a share of the job.
+    assert 0 < metrics["model_s"] <= metrics["wall_s"]
+    assert metrics["model_busy_fraction"] == pytest.approx(
+        metrics["model_s"] / metrics["job_s"], abs=1e-3
+    )
     assert attrs["timings"]["startup_s"] == pytest.approx(metrics["startup_s"], abs=1e-3)
 
 

@@ -134,6 +134,10 @@ def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
         assert m["model_key"] == key and m["models_in_job"] == ["grid", "vit", "whole"]
         assert 0 < m["model_s"] <= m["wall_s"] and m["tiles"] == 80
         assert json.loads(out[key].metrics.read_text()) == m
+    # One device, shared: the models' busy shares add up to no more than the loop's.
+    job = next(iter(metrics.values()))
+    busy = sum(m["model_busy_fraction"] for m in metrics.values())
+    assert 0 < busy <= job["wall_s"] / job["job_s"] + 1e-3
 
 
 def test_a_job_embeds_only_the_models_whose_outputs_are_not_current(

@@ -34,8 +34,9 @@ from slidesnake.tiling.tile_table import read_dropped
 
 # dropped_*: tiles the artefact filters removed, for slides tiled with the filter on
 DROPPED = ["dropped_pen", "dropped_focus"]
+# model_busy_fraction: the share of the job its device (the GPU) was busy with the model
 COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_per_s",
-           "loader_wait_fraction"]  # fmt: skip
+           "loader_wait_fraction", "model_busy_fraction"]  # fmt: skip
 # With several models, each model's own time in the job it shared with the others.
 MODEL_COLUMNS = ["model_s", "model_tiles_per_s"]
 # The line of a model that failed in a job of several (embed.model_list)
@@ -203,6 +204,7 @@ def cohort_html(table: pd.DataFrame, results: Path) -> str:
     ]
     headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
     headers |= {"loader_wait_fraction": "loader wait", "dropped_pen": "dropped (pen)"}
+    headers["model_busy_fraction"] = "device busy"
     headers["dropped_focus"] = "dropped (focus)"
     rows = shown.rename(columns=headers).to_html(
         index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0, escape=False

@@ -24,7 +24,13 @@ import torch
 
 from slidesnake.atomic import atomic_output
 from slidesnake.embed.progress import Progress
-from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
+from slidesnake.embed.records import (
+    loop_rates,
+    model_time,
+    peak_memory_mb,
+    read_counts,
+    slide_attributes,
+)
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -70,10 +76,11 @@ def embed_slide(
         _log_start(slide_id, len(coords), embedder, settings, device)
         with atomic_output(zarr_path) as tmp:
             writer = EmbeddingWriter(tmp, coords, embedder.dim, settings.output_dtype)
-            run = ModelRun(embedder, writer, settings.output_dtype)
+            run = ModelRun(embedder, writer, settings.output_dtype, timed=True)
             timings, failed = run_models([run], batches, dataset.batch_shape, settings, device)
             if failed:
                 raise failed[0]
+            model_s = run.model_s()
             startup = _startup(clock, timings, embedder)
             timings |= startup
             slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
@@ -82,6 +89,7 @@ def embed_slide(
             writer.finish(attributes)
     metrics = _metrics(len(coords), timings, startup, embedder, settings, device)
     metrics["job_s"] = round(time.perf_counter() - clock["process"], 3)
+    metrics |= model_time(model_s, len(coords), metrics["job_s"])
     with atomic_output(metrics_path) as tmp:
         tmp.write_text(json.dumps(metrics, indent=2) + "\n")
     log.info(

@@ -28,7 +28,13 @@ import torch
 from slidesnake.atomic import OutputSet, atomic_output, output_set
 from slidesnake.embed.loop import ModelRun, device_name, run_models, slide_device
 from slidesnake.embed.model_outputs import ModelOutputs
-from slidesnake.embed.records import loop_rates, peak_memory_mb, read_counts, slide_attributes
+from slidesnake.embed.records import (
+    loop_rates,
+    model_time,
+    peak_memory_mb,
+    read_counts,
+    slide_attributes,
+)
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.startup import process_started
 from slidesnake.embed.store import EmbeddingWriter
@@ -371,8 +377,7 @@ def _metrics(key: str, run, tiles: int, timings, job: dict) -> dict:
         own = {"model": run.spec.name, "backend": "remote", **run.metrics()}
     return {
         **loop_rates(tiles, timings),
-        "model_s": round(model_s, 3),
-        "model_tiles_per_s": round(tiles / model_s, 2) if model_s > 0 else 0.0,
+        **model_time(model_s, tiles, job["job_s"]),
         "startup_s": round(timings["startup_s"], 3),
         **read_counts(timings),
         **job,

@@ -60,6 +60,17 @@ def loop_rates(tiles: int, timings: dict[str, float]) -> dict[str, float]:
     }
 
 
+def model_time(model_s: float, tiles: int, job_s: float) -> dict[str, float]:
+    """A model's own seconds in the job and its rate, and the share of the whole job
+    (process start to last byte) its device spent in it: on a GPU, by CUDA events, the
+    GPU's duty, which start-up and loader waits lower."""
+    return {
+        "model_s": round(model_s, 3),
+        "model_tiles_per_s": round(tiles / model_s, 2) if model_s > 0 else 0.0,
+        "model_busy_fraction": round(model_s / job_s, 4) if job_s > 0 else 0.0,
+    }
+
+
 def peak_memory_mb() -> dict[str, float]:
     """Peak resident memory of this process and of its largest loader worker."""
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

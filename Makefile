@@ -8,10 +8,16 @@ CORES ?= all
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
+# The oldest torch pyproject.toml accepts, and its torchvision: `make test-floor`.
+FLOOR_VENV := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_TORCH := 2.3.0
+FLOOR_TORCHVISION := 0.18.0
+
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: install constraints docs test-fast serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
+.PHONY: install constraints docs test-fast test-floor floor-env gpu-kit gpu-kit-offline serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
@@ -33,6 +39,19 @@ $(SERVE_STAMP): envs/serve-requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/pip install --quiet --requirement envs/serve-requirements.txt
 	$(SERVE_VENV)/bin/pip install --quiet --no-deps --editable .
+	touch $@
+
+# The floor's torch first (PyPI's Linux wheels, CUDA inside, run on a CPU), then the
+# package with CI's pins for everything else: pip keeps the torch it finds.
+floor-env: $(FLOOR_STAMP)
+
+$(FLOOR_STAMP): pyproject.toml envs/constraints.txt
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install --quiet torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION)
+	grep -v -E '^(torch|torchvision|triton|nvidia-|cuda-)' envs/constraints.txt \
+		> $(FLOOR_VENV)/constraints.txt
+	$(FLOOR_VENV)/bin/pip install --quiet --constraint $(FLOOR_VENV)/constraints.txt \
+		--editable '.[dev]'
 	touch $@
 
 # slide2vec, for benchmarks/cohort_vs_peer.py: its own environment, its own pins.
@@ -67,6 +86,11 @@ test: install
 # The edit-test loop: no workflow runs, servers, cluster, virtual environments or waits.
 test-fast: install
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal -m "$(FAST)"
+# The unit tests under the oldest torch we support; CI runs them after `make test`.
+test-floor: floor-env
+	$(FLOOR_VENV)/bin/python -c 'import sys, torch; sys.exit(None if torch.__version__.startswith("$(FLOOR_TORCH)") else f"torch {torch.__version__}, not $(FLOOR_TORCH)")'
+	$(FLOOR_VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal -m "$(FAST)" -p no:cacheprovider
+
 FAST := not workflow and not server and not store and not slurm and not install and not real_slides and not slow
 
 # The documentation site (MkDocs), into site/; strict: a broken link or reference fails.
@@ -105,6 +129,16 @@ bench-peer: install peer-env
 
 gpu-check: install
 	benchmarks/gpu_check.sh
+
+# For the lent GPU machine (no network, its own Python 3.12 and torch): the wheels it lacks,
+# into gpu-kit/, and the command that installs them there and runs the GPU check.
+PYTHON312 ?= python3.12
+gpu-kit: install
+	PYTHON312=$(PYTHON312) $(BIN)/python benchmarks/gpu_kit.py
+
+# The kit tried here without a GPU, offline, on a stand-in for the machine's Python.
+gpu-kit-offline: gpu-kit
+	PYTHON312=$(PYTHON312) $(BIN)/python benchmarks/gpu_kit_offline.py
 
 clean:
 	rm -rf results logs demo .snakemake

@@ -15,6 +15,7 @@ import torch
 from slidesnake.errors import ConfigError, ModelError
 from slidesnake.models.checkpoints import WeightsDigest
 from slidesnake.models.embedder import build_embedder, build_network
+from slidesnake.models.pt2_archive import ARCHIVE_TORCH
 from slidesnake.models.registry import (
     BIOPTIMUS_MEAN,
     BIOPTIMUS_STD,
@@ -110,6 +111,12 @@ def save_wrapped_state_dict(network, path: Path) -> Path:
     return path
 
 
+# torch.export archives of the layout checked here are written and read from torch 2.8 on.
+PT2 = pytest.mark.skipif(
+    torch.__version__ < ARCHIVE_TORCH, reason=f"a .pt2 archive needs torch {ARCHIVE_TORCH}"
+)
+
+
 def export(network, dtype=torch.float32) -> torch.export.ExportedProgram:
     """Export with a dynamic batch, as a user must: the last batch of a slide is short."""
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -138,7 +145,9 @@ FORMATS = {
 }
 
 
-@pytest.mark.parametrize("filename", sorted(FORMATS))
+@pytest.mark.parametrize(
+    "filename", [pytest.param(f, marks=PT2 if f.endswith(".pt2") else ()) for f in sorted(FORMATS)]
+)
 def test_every_weight_format_gives_the_models_own_output(tmp_path, filename):
     name, save = FORMATS[filename]
     network = tiny_vit()
@@ -162,6 +171,7 @@ class Wrapped(torch.nn.Module):
         return self.inner(x)
 
 
+@PT2
 def test_an_architectures_pt2_gives_its_weights_without_loading_the_program(tmp_path, monkeypatch):
     path = save_export(tiny_vit(), tmp_path / "model.pt2")
 
@@ -181,6 +191,7 @@ def test_an_architectures_pt2_gives_its_weights_without_loading_the_program(tmp_
     torch.testing.assert_close(embedder(tiles), reference(tiny_vit(), tiles), atol=1e-5, rtol=1e-5)
 
 
+@PT2
 def test_a_program_runs_in_the_dtype_it_was_exported_in(tmp_path):
     torch.export.save(export(tiny_vit().to(torch.bfloat16), torch.bfloat16), tmp_path / "bf16.pt2")
     embedder = build_embedder(
@@ -225,8 +236,8 @@ def not_a_program(tmp_path: Path) -> Path:
     [
         (truncated, "timm:test_vit", "corrupt or truncated"),
         (other_architecture, "timm:test_vit", "does not fit architecture test_vit"),
-        (garbage_program, "custom", "not a readable .pt2 program"),
-        (static_batch_program, "custom", "export programs with a dynamic batch dimension"),
+        pytest.param(garbage_program, "custom", "not a readable .pt2 program", marks=PT2),
+        pytest.param(static_batch_program, "custom", "a dynamic batch dimension", marks=PT2),
         (not_a_program, "timm:test_vit", "unknown format '.onnx'"),
     ],
 )
@@ -234,6 +245,22 @@ def test_bad_checkpoints_fail_with_a_clear_message(tmp_path, make, name, message
     path = make(tmp_path)
     with pytest.raises(ModelError, match=message):
         build_embedder(model_spec(name), "checkpoint", str(path), 224, CPU, "fp32")
+
+
+def test_a_pt2_under_an_older_torch_says_which_torch_it_needs(tmp_path, monkeypatch):
+    """Below torch 2.8 a .pt2 fails before it is opened, with a line that names the torch
+    it needs, the torch there is and what to give instead."""
+    path = tmp_path / "model.pt2"
+    path.write_bytes(b"PK\x03\x04 any archive")
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.4.1"))
+    for name in ("custom", "timm:test_vit"):
+        with pytest.raises(ModelError) as refused:
+            build_embedder(model_spec(name), "checkpoint", str(path), 224, CPU, "fp32")
+        assert str(refused.value) == (
+            f"checkpoint {path}: a torch.export archive (.pt2) needs torch 2.8 or newer, and "
+            "this environment has torch 2.4.1; upgrade torch, or give the weights as "
+            "safetensors with the model's architecture"
+        )
 
 
 def test_a_hub_id_fails_at_once_offline(monkeypatch, tmp_path):
@@ -319,6 +346,7 @@ def test_a_timm_architecture_found_once_is_checked_without_importing_timm(tmp_pa
                            {"size": 224, "mpp": 0.5})  # fmt: skip
 
 
+@PT2
 def test_a_programs_declared_width_spares_the_probe_tile(tmp_path, monkeypatch):
     from slidesnake.models import embedder as embedder_module
     from slidesnake.models.pt2_archive import declared_width

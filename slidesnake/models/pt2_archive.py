@@ -77,6 +77,9 @@ _SYMPY_NODES = (
     *(ast.Load, ast.operator, ast.unaryop, ast.Tuple),
 )
 _SPEC_TYPES = {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict"}
+# torch.export.save writes the layout checked here from torch 2.8 on; an older torch
+# writes another and cannot load this one.
+ARCHIVE_TORCH = "2.8"
 
 
 class UnsafeArchive(ModelError):
@@ -87,6 +90,12 @@ def check_archive(path: str | Path) -> bool:
     """Refuse `path` unless loading and running it executes nothing from the file, once
     its guard code is dropped; True if it has guard code (load it `without_guards`)."""
     path = Path(path)
+    if torch.__version__ < ARCHIVE_TORCH:
+        raise ModelError(
+            f"checkpoint {path}: a torch.export archive (.pt2) needs torch {ARCHIVE_TORCH} or "
+            f"newer, and this environment has torch {torch.__version__}; upgrade torch, or "
+            "give the weights as safetensors with the model's architecture"
+        )
     try:
         reader = torch._C.PyTorchFileReader(str(path))
         records = set(reader.get_all_records())

@@ -128,6 +128,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, bench: bool = False) -
     if not bench:
         model.add_argument("--workers", type=int, default=defaults.workers)
     model.add_argument("--output-dtype", choices=["float16", "float32"], default="float16")
+    model.add_argument("--decode", choices=["exact", "scaled"], default=defaults.decode)
 
 
 def _settings(args: argparse.Namespace) -> EmbedSettings:
@@ -139,6 +140,7 @@ def _settings(args: argparse.Namespace) -> EmbedSettings:
         batch_size=args.batch_size,
         workers=max(args.workers) if isinstance(args.workers, list) else args.workers,
         output_dtype=args.output_dtype,
+        decode=args.decode,
     )
 
 

@@ -230,9 +230,12 @@ def with_models(workflow, models: dict) -> None:
 @pytest.mark.workflow
 def test_a_single_model_config_records_the_params_it_always_did(workflow, rect_slide):
     """Upgrading re-runs nothing: each output's rule and params, as Snakemake records them
-    (what its params trigger compares), are those recorded before `models:` existed."""
+    (what its params trigger compares), are those recorded before `models:` and
+    `loader.decode` existed. A cohort of that time keeps the exact decode (its stores
+    record no method): the first run pins it, the stores are then made as old ones are,
+    and a run that leaves the method unset finds nothing to do."""
     workflow.sheet([("rect", rect_slide)])
-    workflow.run()
+    workflow.run("--config", "loader={workers: 1, prefetch: 2, block: 4, decode: exact}")
     recorded = {}
     for path in (workflow.dir / ".snakemake" / "metadata").iterdir():
         name = base64.b64decode(path.name.replace("@", "/")).decode()
@@ -243,6 +246,12 @@ def test_a_single_model_config_records_the_params_it_always_did(workflow, rect_s
     before = json.loads((Path(__file__).parent / "data" / "single_model_params.json").read_text())
     assert recorded == before
     assert not (workflow.dir / "results" / "models").exists()
+    store = workflow.result("rect", "embeddings.zarr") / "zarr.json"
+    document = json.loads(store.read_text())
+    for name in ("decode", "decode_shrink"):
+        del document["attributes"][name]
+    store.write_text(json.dumps(document))
+    assert "embed_tiles" not in workflow.run("--dry-run").stdout
 
 
 @pytest.mark.workflow

@@ -66,6 +66,9 @@ def embedding_params(config: Mapping[str, Any]) -> dict[str, Any]:
     params = {name: canonical[name] for name in EMBEDDING_FIELDS}
     # Only when set: a config that sets neither keeps the params it always had.
     params |= {name: canonical[name] for name in INPUT_FIELDS if canonical[name] is not None}
+    # Only when scaled: the cohorts read exactly before the method existed keep their params.
+    if settings.decode != "exact":
+        params["decode"] = settings.decode
     if settings.remote is not None:
         # The server's address is not a result; its model is. Its weights and precision
         # are the server's business: a job never reads them.

@@ -63,7 +63,13 @@ def embed_slide(
     wanted = model_input(spec, geometry.size, geometry.target_mpp, size, mpp)
     coords = tiles[["x", "y"]].to_numpy(np.int64)
     dataset = TileBatches(
-        slide_path, slide_id, coords, geometry, settings.batch_size, settings.block
+        slide_path,
+        slide_id,
+        coords,
+        geometry,
+        settings.batch_size,
+        settings.block,
+        settings.decode,
     )
     clock["loader"] = time.perf_counter()
     with dataset.stream(settings.workers, settings.prefetch) as batches:  # forks: before threads
@@ -84,6 +90,7 @@ def embed_slide(
             startup = _startup(clock, timings, embedder)
             timings |= startup
             slide = slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
+            slide |= dataset.read_attributes
             attributes = _attributes(slide, embedder, settings, timings)
             attributes["weights_sha256"] = digest.value() if digest else None
             writer.finish(attributes)

@@ -215,7 +215,13 @@ class _ModelJob:
         first = settings[stale[0]]
         batch_size = min(settings[key].batch_size for key in stale)  # one that fits them all
         dataset = TileBatches(
-            self.slide_path, self.slide_id, self.coords, self.geometry, batch_size, first.block
+            self.slide_path,
+            self.slide_id,
+            self.coords,
+            self.geometry,
+            batch_size,
+            first.block,
+            first.decode,
         )
         with dataset.stream(first.workers, first.prefetch) as batches, ExitStack() as job:
             models = self._open(stale, wanted, device, open_served, job)
@@ -235,6 +241,7 @@ class _ModelJob:
                 slide = slide_attributes(
                     self.slide_path, self.slide_id, self.geometry, dataset.slide_stat
                 )
+                slide |= dataset.read_attributes
                 self._finish(runs, stores, kept, keys, slide, timings)
         shared = {
             "models_in_job": stale,

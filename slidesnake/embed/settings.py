@@ -49,6 +49,7 @@ class EmbedSettings:
     workers: int = 4
     prefetch: int = 2
     block: int = 4
+    decode: str = "exact"  # or "scaled": JPEG tiles decoded at the model's scale
     output_dtype: str = "float16"
     progress_s: float = 30.0
     watchdog_s: float = 300.0

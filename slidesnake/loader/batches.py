@@ -25,6 +25,7 @@ from slidesnake.loader.cells import plan_cells
 from slidesnake.loader.readers import CompressedTiles, RegionReads
 from slidesnake.loader.workers import LoaderWorkers
 from slidesnake.slides import stores
+from slidesnake.slides.scaled_jpeg import SHRINKS
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileGeometry
 
@@ -34,26 +35,52 @@ class ReadPlan:
     """Where and how big tiles are at the level they are read from."""
 
     level: int
-    downsample: float  # level-0 px per read-level px
-    tile_px: int  # tile side at the read level
+    downsample: float  # level-0 px per read px
+    tile_px: int  # tile side in read px
+    shrink: int = 1  # the level's JPEG tiles decoded at 1/shrink of their size
 
     @classmethod
-    def from_geometry(cls, geometry: TileGeometry) -> ReadPlan:
+    def from_geometry(cls, geometry: TileGeometry, decode: str = "exact") -> ReadPlan:
+        """The plan for `geometry`; with `decode` 'scaled', one that decodes the read
+        level's JPEG tiles at the largest fraction (1/2, 1/4, 1/8) that still gives the
+        tile at least its model size in px (`exact` where none does)."""
         tile_px = max(1, round(geometry.size_level0 / geometry.read_downsample))
-        return cls(geometry.read_level, geometry.read_downsample, tile_px)
+        plan = cls(geometry.read_level, geometry.read_downsample, tile_px)
+        if decode == "scaled":
+            shrinks = [s for s in SHRINKS if tile_px % s == 0 and tile_px // s >= geometry.size]
+            if shrinks:
+                return plan.scaled(max(shrinks))
+        return plan
+
+    def scaled(self, shrink: int) -> ReadPlan:
+        return ReadPlan(self.level, self.downsample * shrink, self.tile_px // shrink, shrink)
+
+    def exact(self) -> ReadPlan:
+        """This plan with every pixel of the level decoded."""
+        level_downsample = self.downsample / self.shrink
+        return ReadPlan(self.level, level_downsample, self.tile_px * self.shrink)
 
 
 def tile_reader(
     slide: Slide, plan: ReadPlan, coords: np.ndarray
 ) -> tuple[CompressedTiles | RegionReads, np.ndarray]:
-    """The reader for these tiles and their positions in its units: read-level px where
-    we decode the compressed tiles (every tile starts on a whole pixel of the level),
-    level-0 px where OpenSlide reads regions."""
-    tiled = slide.tiled_level(plan.level)
+    """The reader for these tiles and their positions in its units: read px where we
+    decode the compressed tiles (every tile starts on a whole read pixel), level-0 px
+    where OpenSlide reads regions (never for a scaled plan: see `fitted_plan`)."""
+    tiled = slide.tiled_level(plan.level, plan.shrink)
     d = int(plan.downsample)
     if tiled is not None and not (coords % d).any():
         return CompressedTiles(slide, plan.level, tiled, plan.tile_px), coords // d
     return RegionReads(slide, plan.level, plan.downsample, plan.tile_px), coords
+
+
+def fitted_plan(slide: Slide, plan: ReadPlan, coords: np.ndarray) -> ReadPlan:
+    """`plan`, or its exact form where this slide's level cannot be decoded scaled (not
+    JPEG, not a TIFF we decode, tiles off the scaled pixel grid, colours that disagree)."""
+    if plan.shrink == 1:
+        return plan
+    reader = tile_reader(slide, plan, coords)[0]
+    return plan if isinstance(reader, CompressedTiles) else plan.exact()
 
 
 class TileBatches:
@@ -67,16 +94,18 @@ class TileBatches:
         geometry: TileGeometry,
         batch_size: int,
         block: int = 4,
+        decode: str = "exact",
     ) -> None:
         self.slide_path = slide_path
         self.slide_id = slide_id
         self.coords = coords
         self.geometry = geometry
-        self.plan = ReadPlan.from_geometry(geometry)
         self.batch_size = batch_size
         # A slide read in place is kept for the workers: it holds no OpenSlide handle,
         # and its index cost requests that the workers need not repeat.
         self._slide: Slide | None = self._open()
+        self.decode = decode
+        self.plan = fitted_plan(self._slide, ReadPlan.from_geometry(geometry, decode), coords)
         grid = tile_reader(self._slide, self.plan, coords)[0].tile_grid
         self.planning_io = self._slide.io_counts()
         # In place: the version every worker's reads are pinned to, for the records.
@@ -88,6 +117,13 @@ class TileBatches:
         grid_xy = coords // geometry.stride_level0
         self.cells = plan_cells(grid_xy, step, self.plan.tile_px, grid, block)
         self.ring: BatchRing | None = None
+
+    @property
+    def read_attributes(self) -> dict[str, str | int]:
+        """How the pixels were decoded, for the store: the method asked for (the one the
+        cohort's later runs keep, see cohort.decode_method) and the fraction of its size
+        this slide's level was decoded at (1 where it could only be read exactly)."""
+        return {"decode": self.decode, "decode_shrink": self.plan.shrink}
 
     @property
     def batch_shape(self) -> tuple[int, int, int, int]:

@@ -24,7 +24,8 @@ class CompressedTiles:
     def __init__(self, slide: Slide, level: int, tiled: TiledLevel, tile_px: int):
         self.slide, self.level, self.tiled, self.tile_px = slide, level, tiled, tile_px
         self.tile_grid = (tiled.tile_width, tiled.tile_height)  # compressed tile size
-        self.scale = int(slide.levels[level].downsample)  # level-0 px per level px
+        # level-0 px per px of the decoded tiles
+        self.scale = int(slide.levels[level].downsample) * tiled.shrink
         self.decoded = 0  # compressed tiles decoded, for the metrics and the tests
         self.spare: list[np.ndarray] = []  # buffers of decoded tiles no longer needed
 

@@ -63,7 +63,13 @@ def embed_slide_remote(
             remote.max_concurrency, remote.batch_size, settings.workers,
         )  # fmt: skip
         dataset = TileBatches(
-            slide_path, slide_id, coords, geometry, remote.batch_size, settings.block
+            slide_path,
+            slide_id,
+            coords,
+            geometry,
+            remote.batch_size,
+            settings.block,
+            settings.decode,
         )
         stream = dataset.stream(settings.workers, settings.prefetch)
         with stream as batches, atomic_output(zarr_path) as tmp:
@@ -72,6 +78,7 @@ def embed_slide_remote(
             timings["startup_s"] = timings.pop("first_batch_at") - started
             writer.finish(
                 slide_attributes(slide_path, slide_id, geometry, dataset.slide_stat)
+                | dataset.read_attributes
                 | model_attributes(client, metadata, spec, dim, settings)
                 | {"timings": timings}
             )

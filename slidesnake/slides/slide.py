@@ -149,12 +149,15 @@ class Slide:
             rgb[rgba[..., 3] == 0] = 255
         return rgb
 
-    def tiled_level(self, level: int) -> TiledLevel | None:
+    def tiled_level(self, level: int, shrink: int = 1) -> TiledLevel | None:
         """`level` as compressed tiles we decode ourselves, where that gives OpenSlide's
         pixels: a TIFF level of a codec we handle, at an integral downsample (OpenSlide
-        resamples the others). Reads must also start on a whole pixel of the level."""
+        resamples the others). Reads must also start on a whole pixel of the level.
+        `shrink` 2, 4 or 8: its JPEG tiles decoded at that fraction of their size."""
         if self._tiff is None or not self.levels[level].downsample.is_integer():
             return None
+        if shrink > 1:
+            return self._tiff.scaled(level, shrink)
         return self._tiff.levels.get(level)
 
     def read_error(self, level: int, x: int, y: int, err: Exception) -> SlideReadError:

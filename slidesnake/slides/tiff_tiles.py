@@ -30,6 +30,7 @@ import tifffile
 from tifffile.tifffile import jpeg_decode_colorspace
 
 from slidesnake.slides.byte_ranges import FileRanges, RemoteRanges
+from slidesnake.slides.scaled_jpeg import ScaledJpeg
 
 ByteRanges = FileRanges | RemoteRanges
 
@@ -88,13 +89,15 @@ class Cut(NamedTuple):
 class TiledLevel:
     """One tiled pyramid level: its compressed tile grid and a decoder for its tiles."""
 
-    def __init__(self, page: tifffile.TiffPage, ranges: ByteRanges):
-        self._page, self._ranges = page, ranges
-        self.width, self.height = page.imagewidth, page.imagelength
-        self.tile_width, self.tile_height = page.tilewidth, page.tilelength
-        self.across = -(-self.width // self.tile_width)
+    def __init__(self, page: tifffile.TiffPage, ranges: ByteRanges, shrink: int = 1):
+        """`shrink` 2, 4 or 8: the level as its JPEG tiles decode at that fraction of
+        their size (`scaled_jpeg`); a pixel partly past the level's edge is left out."""
+        self._page, self._ranges, self.shrink = page, ranges, shrink
+        self.width, self.height = page.imagewidth // shrink, page.imagelength // shrink
+        self.tile_width, self.tile_height = page.tilewidth // shrink, page.tilelength // shrink
+        self.across = -(-page.imagewidth // page.tilewidth)
         self.codec = CODECS[page.compression]
-        self._decode = _decoder(page)
+        self._decode = _decoder(page) if shrink == 1 else ScaledJpeg(page, shrink)
         self._pieces: dict[tuple[int, int, int, int], tuple[Piece, ...]] = {}
 
     def decode(self, row: int, col: int, out: np.ndarray | None = None) -> np.ndarray | None:
@@ -163,8 +166,22 @@ class TiffTiledLevels:
     def __init__(
         self, tiff: tifffile.TiffFile, pages: dict[int, tifffile.TiffPage], ranges: ByteRanges
     ):
-        self._tiff, self.ranges = tiff, ranges
+        self._tiff, self.ranges, self._pages = tiff, ranges, pages
         self.levels = {level: TiledLevel(page, ranges) for level, page in pages.items()}
+        self._scaled: dict[tuple[int, int], TiledLevel | None] = {}
+
+    def scaled(self, level: int, shrink: int) -> TiledLevel | None:
+        """`level` decoded at 1/`shrink` of its size: JPEG levels whose middle tile,
+        decoded both ways, agrees (else None: read it the exact way)."""
+        key = (level, shrink)
+        if key not in self._scaled:
+            page = self._pages.get(level)
+            ok = page is not None and CODECS[page.compression] == "JPEG"
+            scaled = TiledLevel(page, self.ranges, shrink) if ok else None
+            if scaled is not None and not _agrees(self.levels[level], scaled):
+                scaled = None
+            self._scaled[key] = scaled
+        return self._scaled[key]
 
     @classmethod
     def open(
@@ -190,6 +207,20 @@ class TiffTiledLevels:
     def close(self) -> None:
         self.ranges.close()
         self._tiff.close()
+
+
+def _agrees(exact: TiledLevel, scaled: TiledLevel) -> bool:
+    """The middle non-empty tile of the level, decoded exactly and scaled, agrees."""
+    counts = exact._page.databytecounts
+    filled = [i for i, count in enumerate(counts) if count]
+    if not filled:
+        return True
+    row, col = divmod(filled[len(filled) // 2], exact.across)
+    try:
+        full, small = exact.decode(row, col), scaled.decode(row, col)
+    except Exception:  # a corrupt tile: the exact path says what it is
+        return False
+    return scaled._decode.agrees(full, small)
 
 
 def decode_buffer(height: int, width: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from slidesnake.cohort.config import (
     whole_numbers,
     with_defaults,
 )
+from slidesnake.cohort.decode_method import cohort_decode
 from slidesnake.cohort.rule_params import (
     embedding_params,
     head_params,
@@ -98,6 +99,8 @@ try:
     check_config(config, schema)
     # Before any params are made and before any job reads them: 32.0 is 32.
     config.update(whole_numbers(config, schema))
+    # Unset: the method of the embeddings already here, so that a cohort never mixes them.
+    config["loader"]["decode"] = cohort_decode(config["loader"]["decode"], "results/slides")
     configure_storage(config["storage"])
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.

@@ -1,0 +1,61 @@
+"""JPEG tiles decoded at 1/2, 1/4 or 1/8 of their size, inside libjpeg-turbo's inverse DCT.
+
+A 40x slide embedded at 0.5 µm/px needs a quarter of its pixels: decoding all of them
+and resizing costs more than the decode that produces the smaller picture directly
+(libvips' shrink-on-load). simplejpeg is the binding that exposes libjpeg-turbo's
+scaling and decodes into a caller's buffer (imagecodecs has no scaling; Pillow's draft
+mode allocates every picture). Its TurboJPEG API reads whole JPEG streams and guesses
+their colour space, so a TIFF tile becomes one: the page's JPEGTables spliced in after
+the tile's SOI, and for photometric RGB tiles (Aperio's) an Adobe marker that says "no
+colour transform", which is how libjpeg-turbo learns what tifffile tells imagecodecs.
+Full-size decodes through this path equal imagecodecs' bit for bit (checked per level
+by `ScaledJpeg.agrees`); scaled ones are within a grey level or two of the full
+picture's 2x2 (4x4, 8x8) means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simplejpeg
+import tifffile
+
+# APP14 "Adobe", version 100, no flags, transform 0: three components are RGB as stored.
+_ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+PHOTOMETRIC_RGB = 2
+SHRINKS = (2, 4, 8)
+# A scaled decode's largest mean difference from the full picture's block means, per
+# channel, before a level is read the exact way instead (grey levels).
+AGREEMENT = 2.0
+
+
+class ScaledJpeg:
+    """Decodes the JPEG tiles of one TIFF page at 1/`shrink` of their size."""
+
+    def __init__(self, page: tifffile.TiffPage, shrink: int) -> None:
+        if shrink not in SHRINKS:
+            raise ValueError(f"shrink {shrink}: libjpeg-turbo scales by 2, 4 or 8")
+        self.shrink = shrink
+        self.tile_height, self.tile_width = page.tilelength // shrink, page.tilewidth // shrink
+        adobe = _ADOBE_RGB if page.photometric == PHOTOMETRIC_RGB else b""
+        tables = page.jpegtables[2:-2] if page.jpegtables else b""  # without SOI and EOI
+        self._header = adobe + tables
+
+    def stream(self, data: bytes) -> bytes:
+        """The tile as a whole JPEG stream, as TurboJPEG reads them."""
+        return data[:2] + self._header + data[2:]
+
+    def __call__(self, data: bytes, out: np.ndarray) -> np.ndarray:
+        return simplejpeg.decode_jpeg(
+            self.stream(data),
+            min_height=self.tile_height,
+            min_width=self.tile_width,
+            min_factor=self.shrink,
+            buffer=out,
+        )
+
+    def agrees(self, full: np.ndarray, scaled: np.ndarray) -> bool:
+        """Whether a tile decoded this way matches its full decode's block means (a
+        colour space guessed wrong differs by tens of grey levels)."""
+        s = self.shrink
+        means = full.reshape(self.tile_height, s, self.tile_width, s, 3).mean(axis=(1, 3))
+        return bool(np.abs(scaled - means).mean(axis=(0, 1)).max() <= AGREEMENT)

@@ -1,0 +1,132 @@
+"""loader.decode: scaled: a 40x level's JPEG tiles decoded at the model's scale inside
+libjpeg-turbo agree with the exact path's pixels within a documented bound, the method
+is recorded and kept per cohort, and what cannot be decoded scaled is read exactly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_tile_loader import slide_40x, tiled  # noqa: F401
+
+from slidesnake.cohort.decode_method import cohort_decode
+from slidesnake.cohort.rule_params import embedding_params
+from slidesnake.loader.batches import ReadPlan, TileBatches
+from slidesnake.models.embedder import resize_tiles
+from slidesnake.slides.slide import Slide
+from slidesnake.tiling.grid import TileGeometry
+from slidesnake.tiling.tile_table import read_tiles
+
+# How far a scaled tile may be, in grey levels, from the exact read's 2x2 means (what
+# decoding at half size approximates) and from the tile the exact path gives the model
+# (the 448 px read resized to 224 px, antialiased bilinear: a triangle filter, itself
+# 1.9 mean and 16 at the 99th percentile from the 2x2 means), on the synthetic 40x
+# slide, whose blob edges and noise are harder than natural H&E (docs/benchmarks.md).
+BOX_MEAN, BOX_P99 = 1.5, 8
+MODEL_MEAN, MODEL_P99 = 3.0, 20
+REAL_RGB_SLIDE = Path(__file__).resolve().parents[2] / "shared/slides/CMU-1-Small-Region.svs"
+
+
+def tiles_of(slide: Path, tiles_path: Path, decode: str, coords=None) -> tuple:
+    table, geometry = read_tiles(tiles_path)
+    coords = table[["x", "y"]].to_numpy(np.int64) if coords is None else coords
+    dataset = TileBatches(slide, "s", coords, geometry, 16, decode=decode)
+    got = {}
+    for rows, pixels in dataset.stream(0, 2):
+        got |= {row: tile.copy() for row, tile in zip(rows.tolist(), pixels, strict=True)}
+    return dataset, np.stack([got[row] for row in range(len(coords))])
+
+
+def as_the_model_gets_it(tiles: np.ndarray, size: int) -> np.ndarray:
+    x = torch.from_numpy(tiles).permute(0, 3, 1, 2).float()
+    return resize_tiles(x, size).round().clamp(0, 255).permute(0, 2, 3, 1).numpy()
+
+
+def test_scaled_tiles_agree_with_the_exact_path(tmp_path, slide_40x):  # noqa: F811
+    tiles_path = tiled(slide_40x, tmp_path)
+    exact_set, exact = tiles_of(slide_40x, tiles_path, "exact")
+    scaled_set, scaled = tiles_of(slide_40x, tiles_path, "scaled")
+    assert exact.shape[1:] == (448, 448, 3) and scaled.shape[1:] == (224, 224, 3)
+    assert exact_set.read_attributes == {"decode": "exact", "decode_shrink": 1}
+    assert scaled_set.read_attributes == {"decode": "scaled", "decode_shrink": 2}
+    means = exact.reshape(len(exact), 224, 2, 224, 2, 3).mean(axis=(2, 4))
+    for reference, mean, p99 in [
+        (means, BOX_MEAN, BOX_P99),
+        (as_the_model_gets_it(exact, 224), MODEL_MEAN, MODEL_P99),
+    ]:
+        difference = np.abs(reference - scaled)
+        assert difference.mean() <= mean and np.percentile(difference, 99) <= p99
+    # The same tile from each, not a neighbour: a shifted grid differs by far more.
+    shifted = np.abs(as_the_model_gets_it(exact[1:], 224) - scaled[:-1]).mean()
+    assert shifted > 4 * difference.mean()
+
+
+def test_what_cannot_be_decoded_scaled_is_read_exactly(tmp_path, slide_40x):  # noqa: F811
+    tiles_path = tiled(slide_40x, tmp_path)
+    table = read_tiles(tiles_path)[0]
+    odd = table[["x", "y"]].to_numpy(np.int64)[:20] + 1  # off the half-resolution grid
+    dataset, tiles = tiles_of(slide_40x, tiles_path, "scaled", odd)
+    assert dataset.plan.shrink == 1 and tiles.shape[1:] == (448, 448, 3)
+    assert dataset.read_attributes == {"decode": "scaled", "decode_shrink": 1}
+
+
+@pytest.mark.parametrize(
+    ("tile_px", "size", "shrink"),
+    [(448, 224, 2), (896, 224, 4), (1792, 224, 8), (900, 224, 4), (446, 224, 1), (224, 224, 1)],
+)
+def test_the_plan_shrinks_as_far_as_the_model_allows(tile_px, size, shrink):
+    geometry = replace(GEOMETRY, size=size, size_level0=tile_px)
+    plan = ReadPlan.from_geometry(geometry, "scaled")
+    assert plan.shrink == shrink and plan.tile_px == tile_px // shrink
+    assert plan.exact() == ReadPlan.from_geometry(geometry) == ReadPlan(0, 1.0, tile_px)
+
+
+@pytest.mark.real_slides
+@pytest.mark.skipif(not REAL_RGB_SLIDE.is_file(), reason="needs ../shared/slides")
+def test_aperio_rgb_tiles_keep_their_colours_and_a_guess_gone_wrong_is_refused(monkeypatch):
+    """Aperio's photometric-RGB JPEG tiles decode scaled with their colours (the Adobe
+    marker); without it libjpeg-turbo would take them for YCbCr, and the level's probe
+    then refuses the scaled path."""
+    from slidesnake.slides import scaled_jpeg
+
+    with Slide(REAL_RGB_SLIDE) as slide:
+        exact, scaled = slide.tiled_level(0), slide.tiled_level(0, 2)
+        full, small = exact.read(480, 480, 480, 480), scaled.read(240, 240, 240, 240)
+    means = full.reshape(240, 2, 240, 2, 3).mean(axis=(1, 3))
+    assert np.abs(small - means).mean() < 0.5
+    monkeypatch.setattr(scaled_jpeg, "_ADOBE_RGB", b"")
+    with Slide(REAL_RGB_SLIDE) as slide:
+        assert slide.tiled_level(0, 2) is None and slide.tiled_level(0) is not None
+
+
+def store(folder: Path, attributes: dict) -> None:
+    folder.mkdir(parents=True)
+    (folder / "zarr.json").write_text(json.dumps({"attributes": attributes}))
+
+
+def test_a_cohort_keeps_the_method_its_embeddings_were_read_with(tmp_path):
+    slides = tmp_path / "results" / "slides"
+    assert cohort_decode(None, slides) == "scaled"  # a new cohort
+    store(slides / "a" / "embeddings.zarr", {"slide_id": "a"})  # before the method existed
+    assert cohort_decode(None, slides) == "exact"
+    assert cohort_decode("scaled", slides) == "scaled"  # the config always wins
+    other = tmp_path / "other" / "slides"
+    store(other / "b" / "uni" / "embeddings.zarr", {"decode": "scaled"})  # several models
+    assert cohort_decode(None, other) == "scaled"
+
+
+def test_only_a_scaled_method_enters_the_params(tmp_path):
+    config = {"model": {"name": "timm:test_vit"}, "loader": {"decode": "exact"}}
+    assert "decode" not in embedding_params(config)
+    config["loader"]["decode"] = "scaled"
+    assert embedding_params(config)["decode"] == "scaled"
+
+
+GEOMETRY = TileGeometry(
+    slide_mpp=0.25, target_mpp=0.5, size=224, stride=224, size_level0=448, stride_level0=448,
+    read_level=0, read_downsample=1.0, mask_threshold=0.5, slide_width=8000, slide_height=6000,
+)  # fmt: skip

@@ -40,9 +40,10 @@ class ScaledJpeg:
         tables = page.jpegtables[2:-2] if page.jpegtables else b""  # without SOI and EOI
         self._header = adobe + tables
 
-    def stream(self, data: bytes) -> bytes:
-        """The tile as a whole JPEG stream, as TurboJPEG reads them."""
-        return data[:2] + self._header + data[2:]
+    def stream(self, data: bytes | memoryview) -> bytes:
+        """The tile as a whole JPEG stream, as TurboJPEG reads them (from a file's bytes
+        or a store's memoryview alike)."""
+        return b"".join((data[:2], self._header, data[2:]))
 
     def __call__(self, data: bytes, out: np.ndarray) -> np.ndarray:
         return simplejpeg.decode_jpeg(

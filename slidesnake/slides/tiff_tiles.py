@@ -217,6 +217,7 @@ def _agrees(exact: TiledLevel, scaled: TiledLevel) -> bool:
         return True
     row, col = divmod(filled[len(filled) // 2], exact.across)
     try:
+        exact.prefetch([(row, col)])  # a slide read in place reads only what was fetched
         full, small = exact.decode(row, col), scaled.decode(row, col)
     except Exception:  # a corrupt tile: the exact path says what it is
         return False

@@ -30,7 +30,7 @@ from PIL import Image
 
 from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
-from slidesnake.loader.batches import ReadPlan, TileBatches, fitted_plan, tile_reader
+from slidesnake.loader.batches import ReadPlan, TileBatches, planned_reader
 from slidesnake.loader.readers import CompressedTiles
 from slidesnake.models.embedder import build_embedder
 from slidesnake.models.registry import model_spec
@@ -116,8 +116,7 @@ def describe(slide: TiledSlide, decode: str = "exact") -> dict[str, Any]:
     """What the tiles cost to read: level, size, codec, compressed tiles per tile."""
     coords, geometry = slide.coords()
     with Slide(slide.path, slide.path.stem, geometry.slide_mpp) as opened:
-        plan = fitted_plan(opened, ReadPlan.from_geometry(geometry, decode), coords)
-        reader, at = tile_reader(opened, plan, coords)
+        plan, reader, at = planned_reader(opened, ReadPlan.from_geometry(geometry, decode), coords)
         compressed = isinstance(reader, CompressedTiles)
         codec = reader.tiled.codec if compressed else f"read by OpenSlide ({opened.vendor})"
         needed = len(reader.needed(at)) if compressed else None
@@ -135,8 +134,7 @@ def decode_only(slide: TiledSlide, decode: str = "exact") -> float | None:
     and nothing else is done (one process); None where OpenSlide reads the slide."""
     coords, geometry = slide.coords()
     with Slide(slide.path, slide.path.stem, geometry.slide_mpp) as opened:
-        plan = fitted_plan(opened, ReadPlan.from_geometry(geometry, decode), coords)
-        reader, at = tile_reader(opened, plan, coords)
+        _, reader, at = planned_reader(opened, ReadPlan.from_geometry(geometry, decode), coords)
         if not isinstance(reader, CompressedTiles):
             return None
         needed = sorted(reader.needed(at))

@@ -66,7 +66,7 @@ def tile_reader(
 ) -> tuple[CompressedTiles | RegionReads, np.ndarray]:
     """The reader for these tiles and their positions in its units: read px where we
     decode the compressed tiles (every tile starts on a whole read pixel), level-0 px
-    where OpenSlide reads regions (never for a scaled plan: see `fitted_plan`)."""
+    where OpenSlide reads regions (never for a scaled plan: see `planned_reader`)."""
     tiled = slide.tiled_level(plan.level, plan.shrink)
     d = int(plan.downsample)
     if tiled is not None and not (coords % d).any():
@@ -74,13 +74,17 @@ def tile_reader(
     return RegionReads(slide, plan.level, plan.downsample, plan.tile_px), coords
 
 
-def fitted_plan(slide: Slide, plan: ReadPlan, coords: np.ndarray) -> ReadPlan:
+def planned_reader(
+    slide: Slide, plan: ReadPlan, coords: np.ndarray
+) -> tuple[ReadPlan, CompressedTiles | RegionReads, np.ndarray]:
     """`plan`, or its exact form where this slide's level cannot be decoded scaled (not
-    JPEG, not a TIFF we decode, tiles off the scaled pixel grid, colours that disagree)."""
-    if plan.shrink == 1:
-        return plan
-    reader = tile_reader(slide, plan, coords)[0]
-    return plan if isinstance(reader, CompressedTiles) else plan.exact()
+    JPEG, not a TIFF we decode, tiles off the scaled pixel grid, colours that disagree),
+    with its reader and the tiles' positions (`tile_reader`)."""
+    reader, positions = tile_reader(slide, plan, coords)
+    if plan.shrink > 1 and not isinstance(reader, CompressedTiles):
+        plan = plan.exact()
+        reader, positions = tile_reader(slide, plan, coords)
+    return plan, reader, positions
 
 
 class TileBatches:
@@ -105,8 +109,9 @@ class TileBatches:
         # and its index cost requests that the workers need not repeat.
         self._slide: Slide | None = self._open()
         self.decode = decode
-        self.plan = fitted_plan(self._slide, ReadPlan.from_geometry(geometry, decode), coords)
-        grid = tile_reader(self._slide, self.plan, coords)[0].tile_grid
+        asked = ReadPlan.from_geometry(geometry, decode)
+        self.plan, reader, _ = planned_reader(self._slide, asked, coords)
+        grid = reader.tile_grid
         self.planning_io = self._slide.io_counts()
         # In place: the version every worker's reads are pinned to, for the records.
         self.slide_stat = self._slide.pinned

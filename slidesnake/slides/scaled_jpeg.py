@@ -45,7 +45,7 @@ class ScaledJpeg:
         or a store's memoryview alike)."""
         return b"".join((data[:2], self._header, data[2:]))
 
-    def __call__(self, data: bytes, out: np.ndarray) -> np.ndarray:
+    def __call__(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
         return simplejpeg.decode_jpeg(
             self.stream(data),
             min_height=self.tile_height,

@@ -112,6 +112,21 @@ class TiledLevel:
             out = decode_buffer(self.tile_height, self.tile_width)
         return self._decode(data, out=out)
 
+    def agrees_with(self, exact: TiledLevel) -> bool:
+        """Whether this scaled level's middle non-empty tile agrees with its `exact`
+        decode (a colour space libjpeg-turbo guessed wrong does not). A tile neither
+        decoder reads is left to the exact path to report."""
+        filled = [i for i, count in enumerate(self._page.databytecounts) if count]
+        if not filled:
+            return True
+        row, col = divmod(filled[len(filled) // 2], self.across)
+        self.prefetch([(row, col)])  # a slide read in place reads only what was fetched
+        try:
+            full, small = exact.decode(row, col), self.decode(row, col)
+        except (ValueError, RuntimeError):  # simplejpeg's and imagecodecs' decode errors
+            return False
+        return self._decode.agrees(full, small)
+
     def prefetch(self, tiles: Iterable[tuple[int, int]]) -> None:
         """Fetch the compressed bytes of these (row, col) tiles ahead of their decode (a
         slide read in place fetches them merged, in one round of requests)."""
@@ -178,7 +193,7 @@ class TiffTiledLevels:
             page = self._pages.get(level)
             ok = page is not None and CODECS[page.compression] == "JPEG"
             scaled = TiledLevel(page, self.ranges, shrink) if ok else None
-            if scaled is not None and not _agrees(self.levels[level], scaled):
+            if scaled is not None and not scaled.agrees_with(self.levels[level]):
                 scaled = None
             self._scaled[key] = scaled
         return self._scaled[key]
@@ -207,21 +222,6 @@ class TiffTiledLevels:
     def close(self) -> None:
         self.ranges.close()
         self._tiff.close()
-
-
-def _agrees(exact: TiledLevel, scaled: TiledLevel) -> bool:
-    """The middle non-empty tile of the level, decoded exactly and scaled, agrees."""
-    counts = exact._page.databytecounts
-    filled = [i for i, count in enumerate(counts) if count]
-    if not filled:
-        return True
-    row, col = divmod(filled[len(filled) // 2], exact.across)
-    try:
-        exact.prefetch([(row, col)])  # a slide read in place reads only what was fetched
-        full, small = exact.decode(row, col), scaled.decode(row, col)
-    except Exception:  # a corrupt tile: the exact path says what it is
-        return False
-    return scaled._decode.agrees(full, small)
 
 
 def decode_buffer(height: int, width: int) -> np.ndarray:

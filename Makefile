@@ -42,15 +42,16 @@ $(SERVE_STAMP): envs/serve-requirements.txt pyproject.toml
 	touch $@
 
 # The floor's torch first (PyPI's Linux wheels, CUDA inside, run on a CPU), then the
-# package with CI's pins for everything else: pip keeps the torch it finds.
+# package with CI's pins for everything else: pip keeps the torch it finds. No pip cache:
+# the floor's 2.5 GB of wheels would be held twice on disk (CI once ran out of space).
 floor-env: $(FLOOR_STAMP)
 
 $(FLOOR_STAMP): pyproject.toml envs/constraints.txt
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/pip install --quiet torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION)
+	$(FLOOR_VENV)/bin/pip install --quiet --no-cache-dir torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION)
 	grep -v -E '^(torch|torchvision|triton|nvidia-|cuda-)' envs/constraints.txt \
 		> $(FLOOR_VENV)/constraints.txt
-	$(FLOOR_VENV)/bin/pip install --quiet --constraint $(FLOOR_VENV)/constraints.txt \
+	$(FLOOR_VENV)/bin/pip install --quiet --no-cache-dir --constraint $(FLOOR_VENV)/constraints.txt \
 		--editable '.[dev]'
 	touch $@
 

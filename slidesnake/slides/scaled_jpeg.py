@@ -57,6 +57,14 @@ class ScaledJpeg:
     def agrees(self, full: np.ndarray, scaled: np.ndarray) -> bool:
         """Whether a tile decoded this way matches its full decode's block means (a
         colour space guessed wrong differs by tens of grey levels)."""
-        s = self.shrink
-        means = full.reshape(self.tile_height, s, self.tile_width, s, 3).mean(axis=(1, 3))
-        return bool(np.abs(scaled - means).mean(axis=(0, 1)).max() <= AGREEMENT)
+        return agrees_at_scale(full, scaled, self.shrink)
+
+
+def agrees_at_scale(full: np.ndarray, scaled: np.ndarray, shrink: int) -> bool:
+    """Whether `scaled` is `full` at 1/`shrink` of its size: within `AGREEMENT` of its
+    shrink x shrink block means, per channel on average."""
+    height, width = scaled.shape[:2]
+    if full.shape[:2] != (height * shrink, width * shrink):
+        return False
+    means = full.reshape(height, shrink, width, shrink, 3).mean(axis=(1, 3))
+    return bool(np.abs(scaled - means).mean(axis=(0, 1)).max() <= AGREEMENT)

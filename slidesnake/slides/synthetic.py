@@ -241,15 +241,17 @@ def write_slide(
     seed: int = 0,
     marks: Sequence[PenStroke] = (),
     blurs: Sequence[Blur] = (),
+    codec: str = "JPEG",
 ) -> Path:
     """Write a pyramidal JPEG TIFF; `vendor` is 'aperio' (.svs) or 'generic' (.tif).
 
     With `mpp=None` the slide records no resolution at all, as some real scans do. `marks`
-    and `blurs` add pen ink and out-of-focus areas, for the artefact filters.
+    and `blurs` add pen ink and out-of-focus areas, for the artefact filters. `codec`
+    "JPEG 2000": Aperio's RGB JPEG 2000 tiles (TIFF compression 33005) instead.
     """
     renderer = Renderer(shapes, seed, marks, blurs)
     return write_rendered(
-        path, renderer, width, height, mpp, levels, level_factor, tile, vendor, quality
+        path, renderer, width, height, mpp, levels, level_factor, tile, vendor, quality, codec
     )
 
 
@@ -279,6 +281,15 @@ class PixelRenderer:
         return self.levels[downsample]
 
 
+# tifffile's arguments for each codec, by quality: Aperio's JPEG 2000 is lossy, at about
+# the PSNR (dB) of its JPEG at that quality.
+COMPRESSIONS = {
+    "JPEG": lambda quality: {"compression": "jpeg", "compressionargs": {"level": quality}},
+    "JPEG 2000": lambda quality: {"compression": 33005, "compressionargs": {"level": 40}},
+}
+DESCRIBED = {"JPEG": "JPEG/RGB", "JPEG 2000": "J2K/KDU"}
+
+
 def write_rendered(
     path: str | Path,
     renderer: Renderer | PixelRenderer,
@@ -290,6 +301,7 @@ def write_rendered(
     tile: int = 256,
     vendor: str = "aperio",
     quality: int = 85,
+    codec: str = "JPEG",
 ) -> Path:
     """Write what `renderer` renders as a pyramidal JPEG TIFF (see write_slide)."""
     path = Path(path)
@@ -306,10 +318,9 @@ def write_rendered(
                 dtype=np.uint8,
                 tile=(tile, tile),
                 photometric="rgb",
-                compression="jpeg",
-                compressionargs={"level": quality},
+                **COMPRESSIONS[codec](quality),
                 metadata=None,
-                description=_description(vendor, width, height, w, h, tile, quality, mpp),
+                description=_description(vendor, width, height, w, h, tile, quality, mpp, codec),
                 # OpenSlide's generic TIFF wants reduced levels flagged; Aperio's do not.
                 subfiletype=1 if (i and vendor == "generic") else 0,
                 **_resolution(mpp, downsample, vendor),
@@ -327,14 +338,14 @@ def _tiles(
             yield renderer.render(tx, ty, tile, tile, downsample)
 
 
-def _description(vendor, width, height, w, h, tile, quality, mpp) -> str | None:
+def _description(vendor, width, height, w, h, tile, quality, mpp, codec) -> str | None:
     if vendor == "generic":
         return None
     head = "Aperio Image Library v12.0.15 \r\n"
     mpp_field = f"|MPP = {mpp:g}" if mpp else ""
     if (w, h) == (width, height):
         return (
-            f"{head}{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) JPEG/RGB Q={quality}"
+            f"{head}{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) {DESCRIBED[codec]} Q={quality}"
             f"|AppMag = 40{mpp_field}"
         )
     return f"{head}{width}x{height} -> {w}x{h} - |AppMag = 40{mpp_field}"
@@ -359,5 +370,5 @@ def _write_thumbnail(
         compression="jpeg",
         metadata=None,
         rowsperstrip=16,
-        description=_description("aperio", width, height, w, h, 0, 85, mpp),
+        description=_description("aperio", width, height, w, h, 0, 85, mpp, "JPEG"),
     )

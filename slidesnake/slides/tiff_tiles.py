@@ -30,6 +30,7 @@ import tifffile
 from tifffile.tifffile import jpeg_decode_colorspace
 
 from slidesnake.slides.byte_ranges import FileRanges, RemoteRanges
+from slidesnake.slides.reduced_jpeg2k import ReducedJpeg2k
 from slidesnake.slides.scaled_jpeg import ScaledJpeg
 
 ByteRanges = FileRanges | RemoteRanges
@@ -37,6 +38,8 @@ ByteRanges = FileRanges | RemoteRanges
 # TIFF compression codes we decode. Aperio's YCbCr JPEG 2000 (33003) is left to OpenSlide:
 # it converts the colours itself and we have no such slide to check against.
 CODECS = {7: "JPEG", 33005: "JPEG 2000"}
+# Each codec's decoder at 1/2, 1/4 or 1/8 of the size.
+SCALED = {"JPEG": ScaledJpeg, "JPEG 2000": ReducedJpeg2k}
 VENDORS = {"aperio", "generic-tiff"}
 # Where decoded rows start, in bytes past a 32-byte boundary: TIFF tiles are a multiple of
 # 16 px wide, so RGB rows are a multiple of 48 bytes and every row starts 8 or 24 bytes past
@@ -90,14 +93,15 @@ class TiledLevel:
     """One tiled pyramid level: its compressed tile grid and a decoder for its tiles."""
 
     def __init__(self, page: tifffile.TiffPage, ranges: ByteRanges, shrink: int = 1):
-        """`shrink` 2, 4 or 8: the level as its JPEG tiles decode at that fraction of
-        their size (`scaled_jpeg`); a pixel partly past the level's edge is left out."""
+        """`shrink` 2, 4 or 8: the level as its tiles decode at that fraction of their
+        size (`scaled_jpeg`, `reduced_jpeg2k`); a pixel partly past the level's edge is
+        left out."""
         self._page, self._ranges, self.shrink = page, ranges, shrink
         self.width, self.height = page.imagewidth // shrink, page.imagelength // shrink
         self.tile_width, self.tile_height = page.tilewidth // shrink, page.tilelength // shrink
         self.across = -(-page.imagewidth // page.tilewidth)
         self.codec = CODECS[page.compression]
-        self._decode = _decoder(page) if shrink == 1 else ScaledJpeg(page, shrink)
+        self._decode = _decoder(page) if shrink == 1 else SCALED[self.codec](page, shrink)
         self._pieces: dict[tuple[int, int, int, int], tuple[Piece, ...]] = {}
 
     def decode(self, row: int, col: int, out: np.ndarray | None = None) -> np.ndarray | None:
@@ -123,7 +127,7 @@ class TiledLevel:
         self.prefetch([(row, col)])  # a slide read in place reads only what was fetched
         try:
             full, small = exact.decode(row, col), self.decode(row, col)
-        except (ValueError, RuntimeError):  # simplejpeg's and imagecodecs' decode errors
+        except (ValueError, RuntimeError, OSError):  # the codecs' errors (Pillow's: OSError)
             return False
         return self._decode.agrees(full, small)
 
@@ -186,13 +190,12 @@ class TiffTiledLevels:
         self._scaled: dict[tuple[int, int], TiledLevel | None] = {}
 
     def scaled(self, level: int, shrink: int) -> TiledLevel | None:
-        """`level` decoded at 1/`shrink` of its size: JPEG levels whose middle tile,
-        decoded both ways, agrees (else None: read it the exact way)."""
+        """`level` decoded at 1/`shrink` of its size, where its middle tile, decoded
+        both ways, agrees (else None: read it the exact way)."""
         key = (level, shrink)
         if key not in self._scaled:
             page = self._pages.get(level)
-            ok = page is not None and CODECS[page.compression] == "JPEG"
-            scaled = TiledLevel(page, self.ranges, shrink) if ok else None
+            scaled = None if page is None else TiledLevel(page, self.ranges, shrink)
             if scaled is not None and not scaled.agrees_with(self.levels[level]):
                 scaled = None
             self._scaled[key] = scaled

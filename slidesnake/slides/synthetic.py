@@ -345,8 +345,8 @@ def _description(vendor, width, height, w, h, tile, quality, mpp, codec) -> str 
     mpp_field = f"|MPP = {mpp:g}" if mpp else ""
     if (w, h) == (width, height):
         return (
-            f"{head}{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) {DESCRIBED[codec]} Q={quality}"
-            f"|AppMag = 40{mpp_field}"
+            f"{head}{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) "
+            f"{DESCRIBED[codec]} Q={quality}|AppMag = 40{mpp_field}"
         )
     return f"{head}{width}x{height} -> {w}x{h} - |AppMag = 40{mpp_field}"
 

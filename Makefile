@@ -17,7 +17,7 @@ FLOOR_TORCHVISION := 0.18.0
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: install constraints docs test-fast test-floor floor-env gpu-kit gpu-kit-offline serve-env peer-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
+.PHONY: install constraints docs test-fast test-floor floor-env gpu-kit gpu-kit-offline serve-env peer-env readers-env demo test lint bench bench-slurm bench-remote bench-peer gpu-check clean
 
 install: $(STAMP)
 
@@ -62,6 +62,16 @@ $(PEER_STAMP): envs/peer-requirements.txt
 	$(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install --quiet --no-deps slide2vec==7.1.4 hs2p==6.1.0
 	$(PEER_VENV)/bin/pip install --quiet --requirement envs/peer-requirements.txt
+	touch $@
+
+# The peers' slide readers, for benchmarks/readers.py: beside .venv's packages, without
+# their dependencies (cuCIM's CuPy and CUDA toolkit; its CPU reader needs neither).
+READERS_SITE := benchmarks/out/readers-site
+readers-env: $(READERS_SITE)/.installed
+
+$(READERS_SITE)/.installed: install
+	$(BIN)/pip install --quiet --no-deps --target $(READERS_SITE) \
+		tiffslide==3.0.1 cucim-cu12==26.10.0 pyvips==3.2.0 pyvips-binary==8.18.7
 	touch $@
 
 demo: install
@@ -116,6 +126,8 @@ bench: install
 	$(BIN)/python benchmarks/model_list.py --set cheap
 	$(BIN)/python benchmarks/cohort_scaling.py
 	$(BIN)/python benchmarks/slides_in_place.py
+	$(MAKE) readers-env
+	$(BIN)/python benchmarks/readers.py
 
 # Needs a SLURM cluster: tests/slurm/start_slurm.sh starts one here (as root).
 bench-slurm: install

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from test_tile_loader import slide_40x, tiled  # noqa: F401
 
 from slidesnake.cohort.decode_method import cohort_decode
@@ -173,3 +174,37 @@ GEOMETRY = TileGeometry(
     slide_mpp=0.25, target_mpp=0.5, size=224, stride=224, size_level0=448, stride_level0=448,
     read_level=0, read_downsample=1.0, mask_threshold=0.5, slide_width=8000, slide_height=6000,
 )  # fmt: skip
+
+
+def test_a_scaled_mask_is_the_exact_mask_and_says_how_it_was_read(tmp_path, slide_40x):  # noqa: F811
+    from slidesnake.tiling.mask_file import load_mask, mask_decode
+    from slidesnake.tiling.stages import make_tissue_mask
+    from slidesnake.tiling.tissue import TissueParams
+
+    masks = {}
+    for decode in ("exact", "scaled"):
+        path = tmp_path / decode / "tissue_mask.png"
+        path.parent.mkdir()
+        make_tissue_mask(slide_40x, "s", path, tmp_path / decode / "qc.png", TissueParams(),
+                         decode=decode)  # fmt: skip
+        masks[decode] = load_mask(path)
+        assert mask_decode(path) == masks[decode].decode == decode
+    exact, scaled = masks["exact"], masks["scaled"]
+    assert exact.geometry() == scaled.geometry()
+    assert (exact.mask == scaled.mask).mean() > 0.99 and exact.mask.any()
+    # A cohort masked but not yet embedded keeps its masks' method, exact for a mask
+    # written before the method was recorded.
+    (tmp_path / "exact" / "tissue_mask.png").unlink()
+    assert cohort_decode(None, tmp_path) == "scaled"
+    old = tmp_path / "scaled" / "tissue_mask.png"
+    Image.open(old).save(old)  # pixels kept, text chunks dropped
+    assert cohort_decode(None, tmp_path) == "exact"
+
+
+def test_a_scaled_method_enters_the_mask_params_only_when_scaled():
+    from slidesnake.cohort.rule_params import tissue_params
+
+    config = {"tissue": {}, "artefacts": {}, "loader": {"decode": None}}
+    assert "decode" not in tissue_params(config)
+    config["loader"]["decode"] = "scaled"
+    assert tissue_params(config)["decode"] == "scaled"

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from typing import Any
 
+from slidesnake.cohort.decode_method import configured
 from slidesnake.cohort.jobs import run_job
 
 TILING = ("slidesnake.tiling.stages", "slidesnake.tiling.regions")
@@ -101,6 +102,7 @@ def make_tissue_mask(job: Any) -> None:
             params=TissueParams.from_mapping(job.config["tissue"]),
             sheet_mpp=job.params.mpp,
             pen=ArtefactParams.from_mapping(job.config["artefacts"]).pen,
+            decode=configured(job.config),
         ),
         log_path=job.log[0],
         slide_id=job.wildcards.slide_id,

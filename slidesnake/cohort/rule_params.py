@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slidesnake.atomic import atomic_output
+from slidesnake.cohort.decode_method import configured
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.side_files import file_digest
 from slidesnake.tiling.artefacts import ArtefactParams
@@ -45,6 +46,8 @@ def tissue_params(config: Mapping[str, Any]) -> dict[str, Any]:
     del params["max_decode_mpx"]  # decides whether a slide fails, never what a mask is
     if ArtefactParams.from_mapping(config["artefacts"]).pen:
         params["pen"] = True  # only when on: switching on a filter re-runs no other config
+    if configured(config) == "scaled":
+        params["decode"] = "scaled"  # only when scaled, as for the embeddings
     return params
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slidesnake.errors import SlideSizeError
+from slidesnake.slides.scaled_jpeg import SHRINKS
 from slidesnake.slides.slide import Slide
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,13 @@ class LowRes:
     mpp: float  # µm per picture px
 
 
-def read_lowres(slide: Slide, target_mpp: float, max_decode_mpx: float = math.inf) -> LowRes:
+def read_lowres(
+    slide: Slide, target_mpp: float, max_decode_mpx: float = math.inf, decode: str = "exact"
+) -> LowRes:
     """The whole slide at about `target_mpp`, never reading level 0 of a pyramid, and never
-    decoding more than `max_decode_mpx` megapixels: a small file can declare any size."""
+    decoding more than `max_decode_mpx` megapixels: a small file can declare any size.
+    With `decode` 'scaled', a level finer than `target_mpp` by 2, 4 or 8 (or a multiple)
+    decodes its tiles at that scale, binning only what is left (see `scaled_shrink`)."""
     level, factor = reduced_level(slide, target_mpp)
     megapixels = slide.levels[level].width * slide.levels[level].height / 1e6
     if megapixels > max_decode_mpx:
@@ -54,7 +59,8 @@ def read_lowres(slide: Slide, target_mpp: float, max_decode_mpx: float = math.in
             slide.slide_id,
             megapixels,
         )
-    rgb = _read_binned(slide, level, factor)
+    shrink = scaled_shrink(slide, level, factor) if decode == "scaled" else 1
+    rgb = _read_binned(slide, level, factor, shrink)
     lv = slide.levels[level]
     w0, h0 = slide.dimensions
     scale_x = factor * w0 / lv.width
@@ -71,17 +77,27 @@ def reduced_level(slide: Slide, target_mpp: float) -> tuple[int, int]:
     return level, max(1, round(target_mpp / slide.level_mpp(level)))
 
 
-def _read_binned(slide: Slide, level: int, factor: int) -> np.ndarray:
-    """Read `level` in horizontal strips, each averaged over factor x factor blocks."""
-    lv = slide.levels[level]
+def scaled_shrink(slide: Slide, level: int, factor: int) -> int:
+    """The largest of 8, 4 and 2 that divides `factor` and at which `level`'s tiles
+    decode (1 where none does: the level is read exactly)."""
+    for shrink in SHRINKS[::-1]:
+        if factor % shrink == 0 and slide.tiled_level(level, shrink) is not None:
+            return shrink
+    return 1
+
+
+def _read_binned(slide: Slide, level: int, factor: int, shrink: int = 1) -> np.ndarray:
+    """Read `level` (decoded at 1/`shrink`) in horizontal strips, each averaged over
+    blocks of `factor` px of the level."""
+    lv, binned = slide.levels[level], factor // shrink
     out_w, out_h = lv.width // factor, lv.height // factor
     rows_per_strip = max(1, STRIP_BYTES // (4 * lv.width * factor)) * factor
     strips = []
     for top in range(0, out_h * factor, rows_per_strip):
         rows = min(rows_per_strip, out_h * factor - top)
         y0 = round(top * lv.downsample)
-        strip = slide.read(level, 0, y0, out_w * factor, rows)
-        strips.append(bin_pixels(strip, factor))
+        strip = slide.read(level, 0, y0, out_w * binned, rows // shrink, shrink)
+        strips.append(bin_pixels(strip, binned))
     if not strips:
         return np.full((out_h, out_w, 3), 255, np.uint8)
     return np.concatenate(strips, axis=0)

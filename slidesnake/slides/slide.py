@@ -125,12 +125,17 @@ class Slide:
         ]
         return max(fine_enough, default=0)
 
-    def read(self, level: int, x: int, y: int, width: int, height: int) -> np.ndarray:
-        """RGB uint8 pixels of `level`; (x, y) in level-0 px, size in `level` px.
+    def read(
+        self, level: int, x: int, y: int, width: int, height: int, shrink: int = 1
+    ) -> np.ndarray:
+        """RGB uint8 pixels of `level`; (x, y) in level-0 px, size in `level` px (with
+        `shrink`, in px of the level decoded at 1/`shrink`: see `tiled_level`).
 
         Transparent pixels (outside scanned areas) come back as white background.
         """
-        tiled, d = self.tiled_level(level), self.levels[level].downsample
+        tiled, d = self.tiled_level(level, shrink), self.levels[level].downsample * shrink
+        if shrink > 1 and (tiled is None or x % d or y % d):
+            raise ValueError(f"level {level} cannot be read at 1/{shrink} from ({x}, {y})")
         try:
             if tiled is not None and x % d == 0 and y % d == 0:
                 return tiled.read(int(x // d), int(y // d), width, height)

@@ -18,6 +18,7 @@ from slidesnake.atomic import atomic_output
 
 _PREFIX = "slidesnake."
 _PEN_LAYER = _PREFIX + "pen_layer"
+_DECODE = _PREFIX + "decode"
 _PEN = 64  # a pixel's value modulo 128 when it is ink
 
 
@@ -34,6 +35,7 @@ class TissueMask:
     slide_height: int
     read_level: int  # the pyramid level the mask was computed from
     pen: np.ndarray | None = None  # (h, w) bool, True = pen ink; None = not looked for
+    decode: str = "exact"  # how the level was decoded (loader.decode; before it: exact)
 
     @property
     def tissue_fraction(self) -> float:
@@ -48,6 +50,7 @@ def save_mask(mask: TissueMask, path: str | Path) -> None:
     info = PngInfo()
     for key, value in mask.geometry().items():
         info.add_text(_PREFIX + key, repr(value))
+    info.add_text(_DECODE, mask.decode)
     pixels = mask.mask.astype(np.uint8) * 255
     if mask.pen is not None:
         info.add_text(_PEN_LAYER, "1")
@@ -60,13 +63,22 @@ def load_mask(path: str | Path) -> TissueMask:
     with Image.open(path) as image:
         pixels = np.asarray(image.convert("L"))
         has_pen = _PEN_LAYER in image.text
+        decode = image.text.get(_DECODE, "exact")
         text = {k.removeprefix(_PREFIX): v for k, v in image.text.items() if k.startswith(_PREFIX)}
     geometry = {
         key: (int if key in {"slide_width", "slide_height", "read_level"} else float)(text[key])
         for key in _GEOMETRY
     }
     pen = pixels % 128 == _PEN if has_pen else None
-    return TissueMask(mask=pixels >= 128, pen=pen, **geometry)
+    return TissueMask(mask=pixels >= 128, pen=pen, decode=decode, **geometry)
 
 
-_GEOMETRY = [name for name in TissueMask.__dataclass_fields__ if name not in {"mask", "pen"}]
+def mask_decode(path: str | Path) -> str:
+    """How a mask file's level was decoded, reading only its text chunks."""
+    with Image.open(path) as image:
+        return image.text.get(_DECODE, "exact")
+
+
+_GEOMETRY = [
+    name for name in TissueMask.__dataclass_fields__ if name not in {"mask", "pen", "decode"}
+]

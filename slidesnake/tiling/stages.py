@@ -40,9 +40,10 @@ def make_tissue_mask(
     params: TissueParams,
     sheet_mpp: float | None = None,
     pen: bool = False,
+    decode: str = "exact",
 ) -> TissueMask:
     """Detect tissue at about `params.mpp`, and pen ink when `pen`; write the mask and its
-    QC picture."""
+    QC picture. `decode` as the loader's (`read_lowres`), recorded in the mask."""
     with Slide(slide_path, slide_id, sheet_mpp) as slide:
         log.info(
             "slide '%s': %s, %d x %d px, %d levels, %.4g µm/px (from %s)",
@@ -53,7 +54,7 @@ def make_tissue_mask(
             slide.mpp,
             slide.mpp_info.source,
         )
-        lowres = read_lowres(slide, params.mpp, params.max_decode_mpx)
+        lowres = read_lowres(slide, params.mpp, params.max_decode_mpx, decode)
         mask = TissueMask(
             mask=detect_tissue(lowres.rgb, lowres.mpp, params),
             mpp=lowres.mpp,
@@ -64,6 +65,7 @@ def make_tissue_mask(
             slide_height=slide.dimensions[1],
             read_level=lowres.level,
             pen=detect_pen(lowres.rgb, lowres.mpp) if pen else None,
+            decode=decode,
         )
     log.info(
         "mask %d x %d px at %.3g µm/px from level %d: %.1f%% tissue",

@@ -6,7 +6,8 @@ core, every library on one thread; rounds interleave the readers, and the table 
 medians. Readers:
 
 - slidesnake exact and scaled: our loader read in this process (`stream(0, ...)`), the
-  exact path's larger reads resized as the CPU path does (torch, uint8, antialiased);
+  exact path's larger reads resized as the CPU path does (torch, uint8, antialiased),
+  and once unresized, as a GPU job's loader hands them over;
 - OpenSlide `read_region` + PIL resize (TRIDENT's and STAMP's way);
 - tiffslide `read_region` + PIL resize (LazySlide's default);
 - cuCIM's CPU `read_region` + PIL resize (hs2p's default backend), per tile and batched;
@@ -75,11 +76,13 @@ def cmu_mosaic(path: Path) -> Path:
     return path
 
 
-def slidesnake_reader(decode: str) -> Reader:
+def slidesnake_reader(decode: str, resize: bool = True) -> Reader:
+    """Our loader; without `resize`, its tiles as a GPU job gets them (the device resizes)."""
+
     def read(path: Path, coords: np.ndarray, level: int, px: int) -> Iterator[np.ndarray]:
         dataset = TileBatches(path, "bench", coords, GEOMETRY[path], 64, decode=decode)
         for _, pixels in dataset.stream(0, 2):
-            if pixels.shape[1] != SIZE:
+            if resize and pixels.shape[1] != SIZE:
                 x = torch.from_numpy(pixels).permute(0, 3, 1, 2)
                 pixels = resize_tiles(x, SIZE).permute(0, 2, 3, 1).numpy()
             yield pixels
@@ -142,6 +145,7 @@ def pyvips_reader(path, coords, level, px):
 
 READERS: dict[str, Reader] = {
     "slidesnake exact": slidesnake_reader("exact"),
+    "slidesnake exact, unresized (a GPU resizes)": slidesnake_reader("exact", resize=False),
     "slidesnake scaled": slidesnake_reader("scaled"),
     "OpenSlide + PIL resize": openslide_reader,
     "tiffslide + PIL resize": tiffslide_reader,
@@ -199,7 +203,7 @@ def prepare(path: Path, mpp: float | None, count: int) -> tuple[np.ndarray, int,
 def timed(reader: Reader, path: Path, coords: np.ndarray, level: int, px: int) -> float:
     started, count = time.perf_counter(), 0
     for pixels in reader(path, coords, level, px):
-        assert pixels.shape[-3:] == (SIZE, SIZE, 3) and pixels.dtype == np.uint8
+        assert pixels.shape[-1] == 3 and pixels.dtype == np.uint8
         count += len(pixels) if pixels.ndim == 4 else 1
     seconds = time.perf_counter() - started
     assert count == len(coords), f"{count} tiles of {len(coords)}"

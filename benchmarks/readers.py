@@ -228,7 +228,8 @@ def main() -> None:
                 try:
                     rate = timed(reader, path, coords, level, px)
                 except Exception as err:  # a peer missing or failing: said in its row
-                    failed[reader_name] = f"{type(err).__name__}: {str(err)[:80]}"
+                    why = " ".join(str(err).split())[:100]  # one table cell
+                    failed[reader_name] = f"{type(err).__name__}: {why}"
                     rates.pop(reader_name, None)
                 else:
                     rates.setdefault(reader_name, []).append(rate)

@@ -33,6 +33,7 @@ from pathlib import Path
 from statistics import median
 
 import numpy as np
+import tifffile
 import torch
 from PIL import Image
 
@@ -187,13 +188,10 @@ def prepare(path: Path, mpp: float | None, count: int) -> tuple[np.ndarray, int,
     coords, geometry = tiled.coords()
     coords = coords[:count]
     GEOMETRY[path] = geometry
-    with Slide(path, "bench", mpp) as slide:
-        DOWNSAMPLES[path] = {lv.index: lv.downsample for lv in slide.levels}
-    import tifffile
-
     with tifffile.TiffFile(path) as tiff:
         sizes = {(p.imagewidth, p.imagelength): i for i, p in enumerate(tiff.pages)}
     with Slide(path, "bench", mpp) as slide:
+        DOWNSAMPLES[path] = {lv.index: lv.downsample for lv in slide.levels}
         PAGES[path] = {lv.index: sizes.get((lv.width, lv.height), 0) for lv in slide.levels}
     level = geometry.read_level
     px = round(geometry.size_level0 / DOWNSAMPLES[path][level])

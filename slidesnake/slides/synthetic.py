@@ -281,8 +281,8 @@ class PixelRenderer:
         return self.levels[downsample]
 
 
-# tifffile's arguments for each codec, by quality: Aperio's JPEG 2000 is lossy, at about
-# the PSNR (dB) of its JPEG at that quality.
+# tifffile's arguments for each codec, by JPEG quality. JPEG 2000 is lossy at a fixed
+# 40 dB PSNR (imagecodecs' level), whatever the quality, as Aperio's are lossy.
 COMPRESSIONS = {
     "JPEG": lambda quality: {"compression": "jpeg", "compressionargs": {"level": quality}},
     "JPEG 2000": lambda quality: {"compression": 33005, "compressionargs": {"level": 40}},

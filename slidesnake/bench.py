@@ -330,16 +330,18 @@ def print_table(results: dict[str, Any], settings: EmbedSettings) -> None:
     limit, baseline = r["decode_only"], r["per_tile_baseline"]
     _row("decode-only limit: each compressed tile once, 1 process", limit, baseline, None)
     _row("per-tile read_region + PIL resize (baseline)", baseline, baseline, None)
+    packs = " (packs: the device decodes)" if settings.decode == "gpu" else ""
     for count in sorted({int(k.split("_")[1]) for k in r if k.startswith("loader_")}):
         share = r["share_of_limit"][count] if limit else None
-        _row(f"our loader, {count} worker{'s' * (count > 1)}", r[f"loader_{count}_workers"],
+        _row(f"our loader, {count} worker{'s' * (count > 1)}{packs}", r[f"loader_{count}_workers"],
              baseline, share)  # fmt: skip
     if "exact_loader_1_worker" in r and "loader_1_workers" in r:
         exact = r["exact_loader_1_worker"]
         _row("our loader, 1 worker, exact decode (before)", exact, baseline, None)
         rounds = r["limit_and_loader_rounds"]
         gain = median(x["loader_1_workers"] / x["exact_loader_1_worker"] for x in rounds)
-        print(f"  {'scaled over exact decode, 1 worker (median of rounds)':<58} {gain:>8.2f}x")
+        what = f"{settings.decode} over exact decode, 1 worker (median of rounds)"
+        print(f"  {what:<58} {gain:>8.2f}x")
     _row(f"model only ({settings.model}, {settings.precision})", r["model_only"], baseline, None)
     e2e = r["end_to_end"]
     _row(

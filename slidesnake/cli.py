@@ -128,7 +128,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, bench: bool = False) -
     if not bench:
         model.add_argument("--workers", type=int, default=defaults.workers)
     model.add_argument("--output-dtype", choices=["float16", "float32"], default="float16")
-    model.add_argument("--decode", choices=["exact", "scaled"], default=defaults.decode)
+    model.add_argument("--decode", choices=["exact", "scaled", "gpu"], default=defaults.decode)
 
 
 def _settings(args: argparse.Namespace) -> EmbedSettings:

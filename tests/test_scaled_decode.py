@@ -124,14 +124,14 @@ def test_aperio_rgb_tiles_keep_their_colours_and_a_guess_gone_wrong_is_refused(m
     """Aperio's photometric-RGB JPEG tiles decode scaled with their colours (the Adobe
     marker); without it libjpeg-turbo would take them for YCbCr, and the level's probe
     then refuses the scaled path."""
-    from slidesnake.slides import scaled_jpeg
+    from slidesnake.slides import jpeg_streams
 
     with Slide(REAL_RGB_SLIDE) as slide:
         exact, scaled = slide.tiled_level(0), slide.tiled_level(0, 2)
         full, small = exact.read(480, 480, 480, 480), scaled.read(240, 240, 240, 240)
     means = full.reshape(240, 2, 240, 2, 3).mean(axis=(1, 3))
     assert np.abs(small - means).mean() < 0.5
-    monkeypatch.setattr(scaled_jpeg, "_ADOBE_RGB", b"")
+    monkeypatch.setattr(jpeg_streams, "_ADOBE_RGB", b"")
     with Slide(REAL_RGB_SLIDE) as slide:
         assert slide.tiled_level(0, 2) is None and slide.tiled_level(0) is not None
 

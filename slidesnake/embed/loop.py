@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from slidesnake.atomic import atomic_output
+from slidesnake.embed.device_decode import DeviceDecoder
 from slidesnake.embed.progress import Progress
 from slidesnake.embed.records import (
     loop_rates,
@@ -232,8 +233,12 @@ def run_models(
     timings (its wall time, the time it waited for data, when the first batch reached
     the models, how many compressed slide tiles the workers decoded) and the errors of
     the models that failed, by index. An error of the loader ends the loop: it raises."""
+    decoder = (
+        DeviceDecoder(device, batch_shape[1], batches.device_probe) if batches.packed else None
+    )
     started = time.perf_counter()
-    staging = _PinnedStaging(device, batch_shape) if device.type == "cuda" else None
+    cuda = device.type == "cuda" and decoder is None
+    staging = _PinnedStaging(device, batch_shape) if cuda else None
     progress = Progress(runs[0].writer.rows, settings.progress_s, settings.watchdog_s)
     results: queue.Queue = queue.Queue(maxsize=8 * len(runs))
     failed: dict[int, Exception] = {}  # written by this thread and the writer's
@@ -252,8 +257,11 @@ def run_models(
                     break
                 first_batch_at = first_batch_at or time.perf_counter()
                 rows, pixels = item
-                tiles = torch.from_numpy(pixels)  # the ring's shared memory, not a copy
                 progress.state("running the model")
+                if decoder is not None:
+                    tiles, pixels = decoder(pixels), None  # served models: not with gpu
+                else:
+                    tiles = torch.from_numpy(pixels)  # the ring's shared memory, not a copy
                 if staging is not None:
                     tiles = staging.to_device(tiles)
                 shaped = {} if len(runs) > 1 else None  # each model input made once

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from slidesnake.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RemoteSettings:
@@ -49,7 +51,7 @@ class EmbedSettings:
     workers: int = 4
     prefetch: int = 2
     block: int = 4
-    decode: str = "exact"  # or "scaled": JPEG tiles decoded at the model's scale
+    decode: str = "exact"  # "scaled": JPEG tiles decoded at the model's scale; "gpu": there
     output_dtype: str = "float16"
     progress_s: float = 30.0
     watchdog_s: float = 300.0
@@ -71,6 +73,11 @@ class EmbedSettings:
                 remote["url"] = tuple(remote["url"])
             remote = RemoteSettings(**remote)
             settings |= {"remote": remote, "batch_size": remote.batch_size}
+            if settings.get("decode") == "gpu":
+                raise ConfigError(
+                    "loader.decode gpu decodes where a local model runs, not for a served "
+                    "one. Fix: set loader.decode to exact or scaled for backend remote"
+                )
         return cls(**settings)
 
 

@@ -22,7 +22,14 @@ import numpy as np
 
 from slidesnake.loader.batch_ring import BatchRing
 from slidesnake.loader.cells import plan_cells
-from slidesnake.loader.readers import CompressedTiles, RegionReads
+from slidesnake.loader.compressed_batches import (
+    CompressedStreams,
+    DeviceProbe,
+    PackedBatch,
+    PackedTable,
+    StreamPacker,
+)
+from slidesnake.loader.readers import CompressedTiles, PixelBatch, RegionReads
 from slidesnake.loader.workers import LoaderWorkers
 from slidesnake.slides import stores
 from slidesnake.slides.scaled_jpeg import SHRINKS
@@ -61,26 +68,31 @@ class ReadPlan:
         return ReadPlan(self.level, level_downsample, self.tile_px * self.shrink)
 
 
+Reader = CompressedStreams | CompressedTiles | RegionReads
+
+
 def tile_reader(
-    slide: Slide, plan: ReadPlan, coords: np.ndarray
-) -> tuple[CompressedTiles | RegionReads, np.ndarray]:
+    slide: Slide, plan: ReadPlan, coords: np.ndarray, packed: bool = False
+) -> tuple[Reader, np.ndarray]:
     """The reader for these tiles and their positions in its units: read px where we
     decode the compressed tiles (every tile starts on a whole read pixel), level-0 px
-    where OpenSlide reads regions (never for a scaled plan: see `planned_reader`)."""
+    where OpenSlide reads regions (never for a scaled plan: see `planned_reader`). With
+    `packed`, a JPEG level's tiles go to the device compressed (`CompressedStreams`)."""
     tiled = slide.tiled_level(plan.level, plan.shrink)
     d = int(plan.downsample)
     if tiled is not None and not (coords % d).any():
-        return CompressedTiles(slide, plan.level, tiled, plan.tile_px), coords // d
+        kind = CompressedStreams if packed and tiled.streams_whole else CompressedTiles
+        return kind(slide, plan.level, tiled, plan.tile_px), coords // d
     return RegionReads(slide, plan.level, plan.downsample, plan.tile_px), coords
 
 
 def planned_reader(
-    slide: Slide, plan: ReadPlan, coords: np.ndarray
-) -> tuple[ReadPlan, CompressedTiles | RegionReads, np.ndarray]:
+    slide: Slide, plan: ReadPlan, coords: np.ndarray, packed: bool = False
+) -> tuple[ReadPlan, Reader, np.ndarray]:
     """`plan`, or its exact form where this slide's level cannot be decoded scaled (not
     JPEG, not a TIFF we decode, tiles off the scaled pixel grid, colours that disagree),
     with its reader and the tiles' positions (`tile_reader`)."""
-    reader, positions = tile_reader(slide, plan, coords)
+    reader, positions = tile_reader(slide, plan, coords, packed)
     if plan.shrink > 1 and not isinstance(reader, CompressedTiles):
         plan = plan.exact()
         reader, positions = tile_reader(slide, plan, coords)
@@ -110,7 +122,10 @@ class TileBatches:
         self._slide: Slide | None = self._open()
         self.decode = decode
         asked = ReadPlan.from_geometry(geometry, decode)
-        self.plan, reader, _ = planned_reader(self._slide, asked, coords)
+        self.plan, reader, _ = planned_reader(self._slide, asked, coords, decode == "gpu")
+        # Batches handed over compressed, and what their device decoder checks first.
+        self.packed = isinstance(reader, CompressedStreams)
+        self.device_probe: DeviceProbe | None = reader.probe() if self.packed else None
         grid = reader.tile_grid
         self.planning_io = self._slide.io_counts()
         # In place: the version every worker's reads are pinned to, for the records.
@@ -127,8 +142,13 @@ class TileBatches:
     def read_attributes(self) -> dict[str, str | int]:
         """How the pixels were decoded, for the store: the method asked for (the one the
         cohort's later runs keep, see cohort.decode_method) and the fraction of its size
-        this slide's level was decoded at (1 where it could only be read exactly)."""
-        return {"decode": self.decode, "decode_shrink": self.plan.shrink}
+        this slide's level was decoded at (1 where it could only be read exactly); with
+        `gpu`, where (`device`, or `loader` for a level the device does not decode)."""
+        attributes: dict[str, str | int] = {"decode": self.decode}
+        attributes["decode_shrink"] = self.plan.shrink
+        if self.decode == "gpu":
+            attributes["decoded_on"] = "device" if self.packed else "loader"
+        return attributes
 
     @property
     def batch_shape(self) -> tuple[int, int, int, int]:
@@ -143,33 +163,23 @@ class TileBatches:
         self.ring = BatchRing(workers, prefetch + 1, self.batch_shape)
         return BatchStream(self, workers)
 
-    def tickets(self, lane: int, lanes: int) -> Iterator[tuple[np.ndarray, int, int]]:
+    def tickets(self, lane: int, lanes: int) -> Iterator[Ticket]:
         """Fill batches with every `lanes`-th cell from `lane` on, in `lane` of the ring; a
-        ticket per batch: (row indices in the tile table, slot, compressed tiles decoded
-        so far)."""
-        rows = np.empty(self.batch_size, np.int64)
-        filled, slot = 0, None
+        ticket per batch."""
         with self._worker_slide() as slide:
-            reader, positions = tile_reader(slide, self.plan, self.coords)
+            reader, positions = tile_reader(slide, self.plan, self.coords, self.packed)
             counts = _Counts(slide, reader)
             run = self._cells_ahead(slide)
             cells = self._dealt(lane, lanes, run)
+            fill = _Filling(self.ring, lane, reader, self.batch_size)
             with _RunsAhead(reader, positions, cells, run, slide.in_place) as fetch:
                 for index, cell in enumerate(cells):
                     if index % run == 0:
                         fetch.ready(index)
                     tiles = reader.open_cell(positions[cell])
                     for i, row in enumerate(cell):
-                        if slot is None:
-                            slot = self.ring.claim(lane)
-                        tiles.copy_tile(i, self.ring.tiles[lane, slot, filled])
-                        rows[filled] = row
-                        filled += 1
-                        if filled == self.batch_size:
-                            yield rows.copy(), slot, counts.now()
-                            filled, slot = 0, None
-            if filled:
-                yield rows[:filled].copy(), slot, counts.now()
+                        yield from fill.add(tiles, i, row, counts)
+            yield from fill.last(counts)
 
     def _worker_slide(self) -> AbstractContextManager[Slide]:
         """The slide as this process reads it: the planning one where it crosses a fork,
@@ -197,6 +207,50 @@ class TileBatches:
             self._slide = None
 
 
+class Ticket(NamedTuple):
+    """A worker's word for one filled batch: its rows in the tile table, its slot, the
+    worker's reading so far and, for a packed batch, its table."""
+
+    rows: np.ndarray
+    slot: int
+    counts: ReadCounts
+    table: PackedTable | None
+
+
+class _Filling:
+    """A worker's batch being filled, slot by slot of its lane."""
+
+    def __init__(self, ring: BatchRing, lane: int, reader: Reader, size: int):
+        self.ring, self.lane, self.reader, self.size = ring, lane, reader, size
+        self.rows = np.empty(size, np.int64)
+        self.batch: PixelBatch | StreamPacker | None = None
+        self.slot = 0
+
+    def add(self, cell, i: int, row: int, counts: _Counts) -> Iterator[Ticket]:
+        """Put tile `i` of `cell` in the batch; the ticket of each batch it fills."""
+        if self.batch is None:
+            self._claim()
+        if not self.batch.add(cell, i):  # a packed batch out of room: send it as it is
+            yield self._ticket(counts)
+            self._claim()
+            self.batch.add(cell, i)  # room for one tile: checked by the packer
+        self.rows[self.batch.count - 1] = row
+        if self.batch.count == self.size:
+            yield self._ticket(counts)
+
+    def last(self, counts: _Counts) -> Iterator[Ticket]:
+        if self.batch is not None:
+            yield self._ticket(counts)
+
+    def _claim(self) -> None:
+        self.slot = self.ring.claim(self.lane)
+        self.batch = self.reader.batch(self.ring.tiles[self.lane, self.slot])
+
+    def _ticket(self, counts: _Counts) -> Ticket:
+        batch, self.batch = self.batch, None
+        return Ticket(self.rows[: batch.count].copy(), self.slot, counts.now(), batch.table())
+
+
 class _RunsAhead:
     """A worker's rounds of requests to a store, one run of cells ahead: a thread fetches
     the next run's bytes while this one is decoded (the decoder releases the GIL), so the
@@ -204,7 +258,7 @@ class _RunsAhead:
 
     def __init__(
         self,
-        reader: CompressedTiles | RegionReads,
+        reader: Reader,
         positions: np.ndarray,
         cells: list[np.ndarray],
         run: int,
@@ -252,7 +306,7 @@ class _Counts:
     """A worker's `ReadCounts`, from when it started (a forked worker inherits the
     planning process's counters)."""
 
-    def __init__(self, slide: Slide, reader: CompressedTiles | RegionReads):
+    def __init__(self, slide: Slide, reader: Reader):
         self.slide, self.reader = slide, reader
         self.start = slide.io_counts()
 
@@ -262,13 +316,16 @@ class _Counts:
 
 
 class BatchStream:
-    """(rows, tiles) batches: tiles (B, h, w, 3) uint8 in shared memory, valid until the
-    next batch is asked for (its slot is then handed back to its worker). Received from
+    """(rows, tiles) batches: tiles (B, h, w, 3) uint8 in shared memory (a `PackedBatch`
+    where the device decodes them), valid until the next batch is asked for (its slot is
+    then handed back to its worker). Received from
     the workers in turn, as long as each has batches. Close it (or use it as a context
     manager) to stop the workers early; it closes itself after the last batch."""
 
     def __init__(self, dataset: TileBatches, workers: int):
         self.ring, self._dataset = dataset.ring, dataset
+        self.packed = dataset.packed  # batches of compressed streams (`PackedBatch`) ...
+        self.device_probe = dataset.device_probe  # ... and what their decoder checks first
         self._workers = LoaderWorkers(dataset.tickets, workers) if workers else None
         self._in_process = None if workers else dataset.tickets(0, 1)
         self._turns = deque(range(max(workers, 1)))  # lanes that still have batches
@@ -289,7 +346,7 @@ class BatchStream:
     def __iter__(self) -> BatchStream:
         return self
 
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+    def __next__(self) -> tuple[np.ndarray, np.ndarray | PackedBatch]:
         if self._held is not None:
             self.ring.release(self._held)
             self._held = None
@@ -302,13 +359,17 @@ class BatchStream:
                 raise
             if ticket is not None:
                 self._turns.append(lane)
-                rows, slot, counts = ticket
-                self._held, self._counts[lane] = lane, counts
-                return rows, self.ring.view(lane, slot, len(rows))
+                self._held, self._counts[lane] = lane, ticket.counts
+                return ticket.rows, self._batch(lane, ticket)
         self.close()
         raise StopIteration
 
-    def _receive(self, lane: int) -> tuple[np.ndarray, int, ReadCounts] | None:
+    def _batch(self, lane: int, ticket: Ticket) -> np.ndarray | PackedBatch:
+        if ticket.table is None:
+            return self.ring.view(lane, ticket.slot, len(ticket.rows))
+        return PackedBatch(self.ring.tiles[lane, ticket.slot].reshape(-1), ticket.table)
+
+    def _receive(self, lane: int) -> Ticket | None:
         if self._workers is not None:
             return self._workers.receive(lane)
         return next(self._in_process, None)

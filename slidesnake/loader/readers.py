@@ -32,6 +32,9 @@ class CompressedTiles:
     def open_cell(self, xy: np.ndarray) -> _CompressedCell:
         return _CompressedCell(self, xy)
 
+    def batch(self, slot: np.ndarray) -> PixelBatch:
+        return PixelBatch(slot)
+
     def decode(self, row: int, col: int) -> np.ndarray | None:
         """Compressed tile (row, col), into a spare buffer if there is one; a decoder's
         error names the slide and the place."""
@@ -86,6 +89,22 @@ class _CompressedCell:
         return self.held[key]
 
 
+class PixelBatch:
+    """Fills one batch slot (B, h, w, 3) with decoded tiles."""
+
+    def __init__(self, slot: np.ndarray):
+        self.slot, self.count = slot, 0
+
+    def add(self, cell: _CompressedCell | _RegionCell, i: int) -> bool:
+        """Copy tile `i` of `cell` into the next place (a slot always has room for it)."""
+        cell.copy_tile(i, self.slot[self.count])
+        self.count += 1
+        return True
+
+    def table(self) -> None:
+        """Nothing besides the pixels: the slot holds the batch."""
+
+
 class RegionReads:
     """Tiles cut from one `Slide.read` of each cell's bounding box; positions level-0 px."""
 
@@ -96,6 +115,9 @@ class RegionReads:
 
     def open_cell(self, xy: np.ndarray) -> _RegionCell:
         return _RegionCell(self, xy)
+
+    def batch(self, slot: np.ndarray) -> PixelBatch:
+        return PixelBatch(slot)
 
     def prefetch(self, xy: np.ndarray) -> None:
         """Nothing to fetch ahead: each cell is one read."""

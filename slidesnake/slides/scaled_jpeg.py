@@ -4,13 +4,10 @@ A 40x slide embedded at 0.5 µm/px needs a quarter of its pixels: decoding all o
 and resizing costs more than the decode that produces the smaller picture directly
 (libvips' shrink-on-load). simplejpeg is the binding that exposes libjpeg-turbo's
 scaling and decodes into a caller's buffer (imagecodecs has no scaling; Pillow's draft
-mode allocates every picture). Its TurboJPEG API reads whole JPEG streams and guesses
-their colour space, so a TIFF tile becomes one: the page's JPEGTables spliced in after
-the tile's SOI, and for photometric RGB tiles (Aperio's) an Adobe marker that says "no
-colour transform", which is how libjpeg-turbo learns what tifffile tells imagecodecs.
-Full-size decodes through this path equal imagecodecs' bit for bit (checked per level
-by `ScaledJpeg.agrees`); scaled ones are within a grey level or two of the full
-picture's 2x2 (4x4, 8x8) means.
+mode allocates every picture). Its TurboJPEG API reads whole JPEG streams, so each
+TIFF tile is made one (`jpeg_streams`). Full-size decodes through this path equal
+imagecodecs' bit for bit (checked per level by `ScaledJpeg.agrees`); scaled ones are
+within a grey level or two of the full picture's 2x2 (4x4, 8x8) means.
 """
 
 from __future__ import annotations
@@ -19,9 +16,8 @@ import numpy as np
 import simplejpeg
 import tifffile
 
-# APP14 "Adobe", version 100, no flags, transform 0: three components are RGB as stored.
-_ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
-PHOTOMETRIC_RGB = 2
+from slidesnake.slides.jpeg_streams import JpegStreams
+
 SHRINKS = (2, 4, 8)
 # A scaled decode's largest mean difference from the full picture's block means, per
 # channel, before a level is read the exact way instead (grey levels).
@@ -36,14 +32,7 @@ class ScaledJpeg:
             raise ValueError(f"shrink {shrink}: libjpeg-turbo scales by 2, 4 or 8")
         self.shrink = shrink
         self.tile_height, self.tile_width = page.tilelength // shrink, page.tilewidth // shrink
-        adobe = _ADOBE_RGB if page.photometric == PHOTOMETRIC_RGB else b""
-        tables = page.jpegtables[2:-2] if page.jpegtables else b""  # without SOI and EOI
-        self._header = adobe + tables
-
-    def stream(self, data: bytes | memoryview) -> bytes:
-        """The tile as a whole JPEG stream, as TurboJPEG reads them (from a file's bytes
-        or a store's memoryview alike)."""
-        return b"".join((data[:2], self._header, data[2:]))
+        self.stream = JpegStreams(page)
 
     def __call__(self, data: bytes | memoryview, out: np.ndarray) -> np.ndarray:
         return simplejpeg.decode_jpeg(

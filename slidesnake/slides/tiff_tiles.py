@@ -30,6 +30,7 @@ import tifffile
 from tifffile.tifffile import jpeg_decode_colorspace
 
 from slidesnake.slides.byte_ranges import FileRanges, RemoteRanges
+from slidesnake.slides.jpeg_streams import JpegStreams
 from slidesnake.slides.reduced_jpeg2k import ReducedJpeg2k
 from slidesnake.slides.scaled_jpeg import ScaledJpeg
 
@@ -102,34 +103,57 @@ class TiledLevel:
         self.across = -(-page.imagewidth // page.tilewidth)
         self.codec = CODECS[page.compression]
         self._decode = _decoder(page) if shrink == 1 else SCALED[self.codec](page, shrink)
+        # Whole streams for a decoder elsewhere (the GPU's): JPEG tiles, at full size.
+        self._streams = JpegStreams(page) if self.codec == "JPEG" and shrink == 1 else None
         self._pieces: dict[tuple[int, int, int, int], tuple[Piece, ...]] = {}
 
     def decode(self, row: int, col: int, out: np.ndarray | None = None) -> np.ndarray | None:
         """The RGB pixels of compressed tile (row, col), full tile size even at the edges,
         into `out` if given (a reused buffer saves the allocation and its page faults)."""
+        data = self._compressed(row, col)
+        if data is None:
+            return None
+        if out is None:
+            out = decode_buffer(self.tile_height, self.tile_width)
+        return self._decode(data, out=out)
+
+    @property
+    def streams_whole(self) -> bool:
+        """Whether `stream` serves this level's tiles (JPEG at full size)."""
+        return self._streams is not None
+
+    def stream(self, row: int, col: int) -> bytes | None:
+        """Compressed tile (row, col) as a whole JPEG stream, for a decoder that reads
+        only those (see `streams_whole`); None where the scanner skipped it."""
+        data = self._compressed(row, col)
+        return None if data is None else self._streams(data)
+
+    def _compressed(self, row: int, col: int) -> bytes | memoryview | None:
         index = row * self.across + col
         count = self._page.databytecounts[index]
         if count == 0:
             return None
-        data = self._ranges.read(self._page.dataoffsets[index], count)
-        if out is None:
-            out = decode_buffer(self.tile_height, self.tile_width)
-        return self._decode(data, out=out)
+        return self._ranges.read(self._page.dataoffsets[index], count)
 
     def agrees_with(self, exact: TiledLevel) -> bool:
         """Whether this scaled level's middle non-empty tile agrees with its `exact`
         decode (a colour space libjpeg-turbo guessed wrong does not). A tile neither
         decoder reads is left to the exact path to report."""
-        filled = [i for i, count in enumerate(self._page.databytecounts) if count]
-        if not filled:
+        middle = self.middle_tile()
+        if middle is None:
             return True
-        row, col = divmod(filled[len(filled) // 2], self.across)
-        self.prefetch([(row, col)])  # a slide read in place reads only what was fetched
+        row, col = middle
+        self.prefetch([middle])  # a slide read in place reads only what was fetched
         try:
             full, small = exact.decode(row, col), self.decode(row, col)
         except (ValueError, RuntimeError, OSError):  # the codecs' errors (Pillow's: OSError)
             return False
         return self._decode.agrees(full, small)
+
+    def middle_tile(self) -> tuple[int, int] | None:
+        """(row, col) of the level's middle non-empty tile, the one its probes decode."""
+        filled = [i for i, count in enumerate(self._page.databytecounts) if count]
+        return divmod(filled[len(filled) // 2], self.across) if filled else None
 
     def prefetch(self, tiles: Iterable[tuple[int, int]]) -> None:
         """Fetch the compressed bytes of these (row, col) tiles ahead of their decode (a

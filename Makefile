@@ -55,13 +55,17 @@ $(FLOOR_STAMP): pyproject.toml envs/constraints.txt
 		--editable '.[dev]'
 	touch $@
 
-# slide2vec, for benchmarks/cohort_vs_peer.py: its own environment, its own pins.
+# slide2vec and TRIDENT, for benchmarks/cohort_vs_peer.py: their own environment, their
+# own pins. TRIDENT is not on PyPI: TRIDENT_SRC names a checkout of
+# github.com/mahmoodlab/TRIDENT (the benchmarks ran a91fa84); without it, slide2vec only.
+TRIDENT_SRC ?=
 peer-env: $(PEER_STAMP)
 
 $(PEER_STAMP): envs/peer-requirements.txt
 	$(PYTHON) -m venv $(PEER_VENV)
-	$(PEER_VENV)/bin/pip install --quiet --no-deps slide2vec==7.1.4 hs2p==6.1.0
+	$(PEER_VENV)/bin/pip install --quiet --no-deps slide2vec==7.1.4 hs2p==6.1.0 cucim-cu12==26.10.0
 	$(PEER_VENV)/bin/pip install --quiet --requirement envs/peer-requirements.txt
+	if [ -n "$(TRIDENT_SRC)" ]; then $(PEER_VENV)/bin/pip install --quiet --no-deps "$(TRIDENT_SRC)"; fi
 	touch $@
 
 # The peers' slide readers, for benchmarks/readers.py: beside .venv's packages, without

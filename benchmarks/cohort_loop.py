@@ -9,9 +9,10 @@ Snakemake itself. Two ways, in interleaved rounds: every job in its own process
 interpreter (the default; a first, unreported run starts its server). Printed as medians:
 the cohort's tiles/s (all tiles over the whole run's wall time) against the loop's (each
 embedding job's metrics), the jobs' start-up against their loops, each rule's job time
-(Snakemake's own record, start to end), and the same command again with nothing to do.
+(Snakemake's own record, start to end), and the same command again with nothing to do;
+each way with every `--decode` method (exact, scaled).
 
-    python benchmarks/cohort_loop.py [--slides 4] [--rounds 2] [--cores 2]
+    python benchmarks/cohort_loop.py [--slides 4] [--rounds 2] [--cores 2] [--decode ...]
 """
 
 from __future__ import annotations
@@ -43,10 +44,6 @@ def cohort(workdir: Path, slide: Path, model: Path, size: int) -> Path:
     """A working directory whose sheet lists `size` links to `slide`."""
     (workdir / "config").mkdir(parents=True, exist_ok=True)
     (workdir / "slides").mkdir(exist_ok=True)
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config["model"] |= {"name": "custom", "checkpoint": str(model), "precision": "fp32"}
-    config["loader"] |= {"workers": 1}
-    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = ["slide_id\tpath"]
     for i in range(size):
         link = workdir / "slides" / f"s{i}.svs"
@@ -55,6 +52,14 @@ def cohort(workdir: Path, slide: Path, model: Path, size: int) -> Path:
         rows.append(f"s{i}\tslides/s{i}.svs")
     (workdir / "config" / "samples.tsv").write_text("\n".join(rows) + "\n")
     return workdir
+
+
+def configure(workdir: Path, model: Path, decode: str) -> None:
+    """The cohort's config: the near-free model, one loader worker, `decode`."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["model"] |= {"name": "custom", "checkpoint": str(model), "precision": "fp32"}
+    config["loader"] |= {"workers": 1, "decode": decode}
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
 
 
 def snakemake(workdir: Path, cores: int, targets: list[str], warm: bool) -> float:
@@ -132,6 +137,7 @@ def main() -> None:
     parser.add_argument("--slides", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--decode", nargs="+", default=["exact", "scaled"])
     parser.add_argument(
         "--sparse", dest="dense", action="store_false",
         help="the bench slide with 8 tissue blobs (608 tiles), not tissue over 80%% (1,728)",
@@ -142,19 +148,26 @@ def main() -> None:
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     slide = synthetic_slide(args.cache, *BENCH_SLIDES["40x"][:2], mpp=0.25, dense=args.dense)
-    workdir = cohort(args.cache / "cohort-loop", slide, near_free_model(args.cache), args.slides)
+    model = near_free_model(args.cache)
+    workdir = cohort(args.cache / "cohort-loop", slide, model, args.slides)
+    configure(workdir, model, args.decode[0])
     one_round(workdir, args.slides, args.cores, warm=True)  # the page cache, and a server
-    rounds = {False: [], True: []}
+    runs = [(warm, decode) for warm in (False, True) for decode in args.decode]
+    rounds = {run: [] for run in runs}
     for _ in range(args.rounds):
-        for warm in (False, True):
-            rounds[warm].append(one_round(workdir, args.slides, args.cores, warm))
-    tiles = rounds[True][0]["tiles"] // args.slides
+        for warm, decode in runs:
+            configure(workdir, model, decode)
+            rounds[warm, decode].append(one_round(workdir, args.slides, args.cores, warm))
+    tiles = rounds[runs[0]][0]["tiles"] // args.slides
     print(f"{args.slides} links to {slide.name} ({tiles} tiles each), near-free model, "
           f"1 loader worker, --cores {args.cores}, {args.rounds} rounds, medians")  # fmt: skip
-    report("each job in its own process (SLIDESNAKE_WARM=0, the baseline)", rounds[False])
-    report("jobs forked by the warm interpreter (the default)", rounds[True])
-    ratio = median(r["wall_s"] for r in rounds[False]) / median(r["wall_s"] for r in rounds[True])
-    print(f"  whole cohort: warm {ratio:.2f}x faster")
+    for warm, decode in runs:
+        how = "jobs forked by the warm interpreter (the default)" if warm else (
+            "each job in its own process (SLIDESNAKE_WARM=0)")  # fmt: skip
+        report(f"{how}, loader.decode {decode}", rounds[warm, decode])
+    for decode in args.decode:
+        cold, warm = (median(r["wall_s"] for r in rounds[w, decode]) for w in (False, True))
+        print(f"  whole cohort, loader.decode {decode}: warm {cold / warm:.2f}x faster")
     if (seconds := scontrol_s()) is not None:
         print(f"  (every Snakemake start includes `scontrol show config`: {seconds:.1f} s now)")
 

@@ -1,24 +1,30 @@
-"""A whole cohort, slidesnake against slide2vec, from nothing to tile embeddings.
+"""A whole cohort, slidesnake against slide2vec and TRIDENT, from nothing to tile embeddings.
 
-Eight slides of real pixels (from ../shared/slides): two 40x and two 20x Aperio slides
-made of mosaics of CMU-1-Small-Region's H&E (the 40x ones upsampled twice), the real JPEG
-2000 TCGA scan twice, CMU-1-Small-Region itself and a crop of it. slidesnake runs
-`snakemake --cores 2` (one loader worker per embedding job, the warm interpreter on, as a
-user gets it); slide2vec runs the same cohort in one process (`Pipeline.run`, its
-README's batch). Same models, same weights, on this CPU in fp32: the near-free model
-(channel means: the `.pt2` program here, an nn.Module there) and a ViT-S whose random
-weights both read from one safetensors file. Same tiles as far as two tissue detectors
-allow: 224 px at 0.5 µm/px, no overlap; slidesnake keeps a tile half covered by its
-tissue mask (mask_threshold 0.5, its default), slide2vec three quarters covered by hs2p's
-(min_coverage 0.75: hs2p's HSV mask draws tissue wider, and at 0.5 it keeps 29% more
-tiles here; at 0.75 the cohort's counts are within 6%). The counts are printed, and each
-tool's tiles/s is its own tiles over its own wall time, process start to exit. Rounds
-interleave the tools; medians. Also printed, from slidesnake's metrics and Snakemake's
-record: its embedding start-up against its loops and each rule's time per job; and, with
-the near-free model, the run to the default target (slide features, maps, the cohort
-summary).
+Eight slides of real pixels (from ../shared/slides), the mix of a hospital's cohort: two
+large and two small 40x Aperio slides and two 20x ones, made of mosaics of
+CMU-1-Small-Region's H&E (the 40x ones upsampled twice), and the real JPEG 2000 TCGA scan
+twice. slidesnake runs `snakemake --cores 2` (one loader worker per embedding job, the
+warm interpreter on, `loader.decode` as a fresh results folder gets it: scaled), as a
+user gets it; slide2vec runs the same cohort in one process (`Pipeline.run`, its
+README's batch) at its best setting on 2 cores: cuCIM's reader, one thread per DataLoader
+worker, 2 workers (its default of 4 cuCIM threads leaves one worker); TRIDENT runs its
+three jobs in one process (`benchmarks/peer_trident.py`: Otsu segmentation, patching,
+patch features with 2 DataLoader workers through OpenSlide). Same models, same
+weights, on this CPU in fp32: the near-free model (channel means: the `.pt2` program
+here, an nn.Module there) and a ViT-S whose random weights both read from one safetensors
+file. Tiles: 224 px at 0.5 µm/px, no overlap; slidesnake keeps a tile half covered by its
+tissue mask (mask_threshold 0.5, its default). Each peer runs twice: with its own tiles
+(hs2p's min_coverage 0.5, which keeps about 30% more here: hs2p's HSV mask draws tissue
+wider; TRIDENT's min_tissue_proportion 0, any tile touching tissue) and aligned at our
+count (min_coverage 0.75; min_tissue_proportion 0.5), within a few percent. The counts are
+printed, and each tool's tiles/s is its own tiles over its own wall time, process start
+to exit. Rounds interleave the tools; medians. Also printed, from slidesnake's metrics
+and Snakemake's record: its embedding start-up against its loops and each rule's time
+per job; and, with the near-free model, the run to the default target (slide features,
+maps, the cohort summary).
 
-    make peer-env && python benchmarks/cohort_vs_peer.py [--rounds 2] [--models near-free vit-s]
+    make peer-env TRIDENT_SRC=... && python benchmarks/cohort_vs_peer.py [--rounds 2]
+        [--models near-free vit-s] [--peers slide2vec TRIDENT]
 """
 
 from __future__ import annotations
@@ -46,7 +52,12 @@ from slidesnake.slides.synthetic import PixelRenderer, write_rendered
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "slides"
 PEER_PYTHON = REPO / ".venv-peer" / "bin" / "python"
-PEER_MIN_COVERAGE = 0.75
+# Each peer's two runs by the tissue share a tile needs: its own default, and the share
+# that gives about our tile count (hs2p's min_coverage; TRIDENT's min_tissue_proportion).
+PEERS = {
+    "slide2vec": {"its own tiles": 0.5, "aligned": 0.75},
+    "TRIDENT": {"its own tiles": 0.0, "aligned": 0.5},
+}
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from cohort_loop import job_seconds  # noqa: E402
@@ -70,7 +81,8 @@ def make_cohort(cache: Path) -> dict[str, tuple[Path, float | None]]:
     """slide id -> (path, the sheet's mpp where the slide records none)."""
     cohort, rgb = {}, None
     for name, (columns, rows, mpp) in {
-        "40x-a": (3, 2, 0.25), "40x-b": (2, 3, 0.25), "20x-a": (4, 2, 0.5), "20x-b": (3, 3, 0.5),
+        "40x-a": (3, 2, 0.25), "40x-b": (2, 3, 0.25), "40x-small-a": (1, 1, 0.25),
+        "40x-small-b": (2, 1, 0.25), "20x-a": (4, 2, 0.5), "20x-b": (3, 3, 0.5),
     }.items():  # fmt: skip
         path = cache / f"peer-{name}.svs"
         if not path.exists():
@@ -82,14 +94,6 @@ def make_cohort(cache: Path) -> dict[str, tuple[Path, float | None]]:
                 pixels = np.asarray(Image.fromarray(pixels).resize((width, height), Image.BICUBIC))
             write_rendered(path, PixelRenderer(pixels), width, height, mpp=mpp, levels=3)
         cohort[name] = (path, None)
-    small = cache / "peer-small-b.svs"
-    if not small.exists():
-        crop = (real_pixels() if rgb is None else rgb)[:1500]
-        write_rendered(
-            small, PixelRenderer(crop), crop.shape[1], crop.shape[0], mpp=0.499, levels=2
-        )
-    cohort["small-a"] = (SHARED / "CMU-1-Small-Region.svs", None)
-    cohort["small-b"] = (small, None)
     for name in ("j2k-a", "j2k-b"):  # no mpp recorded: both tools are told 0.5
         cohort[name] = (SHARED / "tcga-cr-7395-01a-01-ts1.svs", 0.5)
     return cohort
@@ -146,15 +150,31 @@ class Slidesnake:
         }
 
 
-def run_peer(workdir: Path, cohort: dict, model: str, weights: Path) -> dict:
+def run_peer(
+    peer: str, workdir: Path, cohort: dict, model: str, weights: Path, share: float
+) -> dict:
+    """One run of `peer` on the cohort, keeping tiles `share` covered by its tissue."""
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    rows = ["sample_id,image_path,spacing_at_level_0"]
-    rows += [f"{i},{p},{'' if m is None else m}" for i, (p, m) in cohort.items()]
-    (workdir / "manifest.csv").write_text("\n".join(rows) + "\n")
-    command = [str(PEER_PYTHON), str(REPO / "benchmarks" / "peer_slide2vec.py"),
-               "manifest.csv", "out", model, "--weights", str(weights),
-               "--min-coverage", str(PEER_MIN_COVERAGE)]  # fmt: skip
+    if peer == "slide2vec":
+        rows = ["sample_id,image_path,spacing_at_level_0"]
+        rows += [f"{i},{p},{'' if m is None else m}" for i, (p, m) in cohort.items()]
+        (workdir / "manifest.csv").write_text("\n".join(rows) + "\n")
+        command = [str(PEER_PYTHON), str(REPO / "benchmarks" / "peer_slide2vec.py"),
+                   "manifest.csv", "out", model, "--weights", str(weights),
+                   "--min-coverage", str(share)]  # fmt: skip
+    else:  # TRIDENT reads a folder of slides named by their ids
+        (workdir / "slides").mkdir()
+        rows = ["wsi,mpp"]
+        for i, (path, mpp) in cohort.items():
+            (workdir / "slides" / f"{i}{path.suffix}").symlink_to(path)
+            rows.append(
+                f"{i}{path.suffix},{mpp or openslide.OpenSlide(path).properties['openslide.mpp-x']}"
+            )
+        (workdir / "slides" / "slides.csv").write_text("\n".join(rows) + "\n")
+        command = [str(PEER_PYTHON), str(REPO / "benchmarks" / "peer_trident.py"),
+                   "slides/slides.csv", "job", model, "--weights", str(weights),
+                   "--min-tissue", str(share)]  # fmt: skip
     wall = timed(command, workdir, keep_stdout=True)
     tiles = json.loads((workdir / "stdout.txt").read_text().strip().splitlines()[-1])
     return {"wall_s": wall, "tiles": tiles}
@@ -175,40 +195,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
     parser.add_argument(
         "--cache", type=Path, default=Path(tempfile.gettempdir()) / "slidesnake-bench"
     )
     args = parser.parse_args()
     if not SHARED.is_dir() or not PEER_PYTHON.exists():
-        sys.exit("needs ../shared/slides (the real pixels) and slide2vec's env (make peer-env)")
+        sys.exit("needs ../shared/slides (the real pixels) and the peers' env (make peer-env)")
+    if "TRIDENT" in args.peers and subprocess.run([PEER_PYTHON, "-c", "import trident"]).returncode:
+        sys.exit("TRIDENT is not in the peers' env: make peer-env TRIDENT_SRC=<a checkout of "
+                 "mahmoodlab/TRIDENT> (it is not on PyPI), or run --peers slide2vec")  # fmt: skip
     args.cache.mkdir(parents=True, exist_ok=True)
     cohort = make_cohort(args.cache)
     for model in args.models:
         ours = Slidesnake(args.cache / f"peer-ours-{model}", cohort, MODELS[model](args.cache))
         weights = vit_small_weights(args.cache)
         rounds = []
+        theirs = args.cache / f"peer-theirs-{model}"
         for _ in range(args.rounds):
             rounds.append({
                 "ours": ours.run(default_target=False),
-                "peer": run_peer(args.cache / f"peer-theirs-{model}", cohort, model, weights),
+                **{(peer, run): run_peer(peer, theirs, cohort, model, weights, share)
+                   for peer in args.peers for run, share in PEERS[peer].items()},
                 "default": ours.run(True)["wall_s"] if model == "near-free" else None,
             })  # fmt: skip
-        report(model, rounds)
+        report(model, rounds, args.peers)
 
 
-def report(model: str, rounds: list[dict]) -> None:
-    ours, peer = rounds[0]["ours"]["tiles"], rounds[0]["peer"]["tiles"]
-    print(f"\n{model}: tiles per slide (slidesnake / slide2vec):")
-    print("  " + ", ".join(f"{i} {ours[i]}/{peer.get(i, 0)}" for i in ours))
-    total_ours, total_peer = sum(ours.values()), sum(peer.values())
+def report(model: str, rounds: list[dict], peers: list[str]) -> None:
+    ours = rounds[0]["ours"]["tiles"]
+    total_ours = sum(ours.values())
     wall_ours = median(r["ours"]["wall_s"] for r in rounds)
-    wall_peer = median(r["peer"]["wall_s"] for r in rounds)
-    rate_ours, rate_peer = total_ours / wall_ours, total_peer / wall_peer
-    print(f"  {'':<28} {'tiles':>6} {'wall s':>7} {'tiles/s':>8}")
-    print(f"  {'slidesnake, --cores 2':<28} {total_ours:6d} {wall_ours:7.1f} {rate_ours:8.1f}")
-    print(f"  {'slide2vec, one process':<28} {total_peer:6d} {wall_peer:7.1f} {rate_peer:8.1f}")
-    print(f"  slidesnake / slide2vec: {rate_ours / rate_peer:.2f}x tiles/s "
-          f"(tile counts differ by {100 * (total_ours / total_peer - 1):+.1f}%)")  # fmt: skip
+    rate_ours = total_ours / wall_ours
+    runs = [(peer, run) for peer in peers for run in PEERS[peer]]
+    print(f"\n{model}: tiles per slide (slidesnake / {' / '.join(' '.join(r) for r in runs)}):")
+    print("  " + ", ".join(
+        f"{i} {ours[i]}/" + "/".join(str(rounds[0][run]["tiles"].get(i, 0)) for run in runs)
+        for i in ours
+    ))  # fmt: skip
+    print(f"  {'':<36} {'tiles':>6} {'wall s':>7} {'tiles/s':>8} {'ours ÷ it':>9}")
+    print(f"  {'slidesnake, --cores 2':<36} {total_ours:6d} {wall_ours:7.1f} {rate_ours:8.1f}")
+    for peer, run in runs:
+        total = sum(rounds[0][peer, run]["tiles"].values())
+        wall = median(r[peer, run]["wall_s"] for r in rounds)
+        print(f"  {peer + ', ' + run:<36} {total:6d} {wall:7.1f} {total / wall:8.1f} "
+              f"{rate_ours / (total / wall):8.2f}x")  # fmt: skip
     startup = median(r["ours"]["startup_s"] for r in rounds)
     loops = median(r["ours"]["loop_s"] for r in rounds)
     print(f"  slidesnake's embedding start-up, summed: {startup:.1f} s "

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +34,18 @@ PYTHON_VERSION = "3.12"
 LEFT_OUT = {
     "s3fs": "slides in S3 buckets (with botocore, 17 MiB)",
     "pulp": "Snakemake's ILP scheduler (16 MiB): the check runs --scheduler greedy",
+}
+# The extras the check runs beside the package's requirements: loader.decode gpu.
+EXTRAS = ("gpu-decode",)
+# Carried without the parts the machine cannot use, to fit the 64 MiB (members of the
+# wheel whose path matches, and their RECORD lines): imagecodecs without the codecs of no
+# slide format (AVIF, JPEG XL, pcodec, SZ3: 8.4 MiB of its 25), nvImageCodec with only
+# CPython 3.12's module and its JPEG decoders (5 MiB of its 24).
+TRIMMED = {
+    "imagecodecs": r"imagecodecs(\.libs)?/(_avif|libavif|libaom|_jpegxl|libjxl|_pcodec"
+    r"|libcpcodec|_sz3|libSZ3c)",
+    "nvidia-nvimgcodec-cu13": r"nvidia/nvimgcodec/(include/|tools/|nvimgcodec_impl\.cpython-"
+    r"(?!312-)|extensions/lib(?!nvjpeg_ext|jpeg_turbo_ext))",
 }
 # The kit is resolved by a CPython 3.12 here, which may build the pure-Python packages
 # published only as source (pip cannot for another interpreter).
@@ -70,9 +83,11 @@ def machine_requirements() -> list[str]:
 
 
 def project_requirements() -> list[str]:
-    """The package's run-time requirements, less those `LEFT_OUT`."""
+    """The package's run-time requirements and its `EXTRAS`', less those `LEFT_OUT`."""
     with open(REPO / "pyproject.toml", "rb") as file:
-        requirements = tomllib.load(file)["project"]["dependencies"]
+        project = tomllib.load(file)["project"]
+    extras = project["optional-dependencies"]
+    requirements = [*project["dependencies"], *(r for name in EXTRAS for r in extras[name])]
     return [r for r in requirements if canonical(re.split(r"[<>=!~\[; ]", r)[0]) not in LEFT_OUT]
 
 
@@ -135,9 +150,29 @@ def download(packages: dict[str, tuple[str, str]], wheels: Path) -> None:
         if answer.returncode != 0:
             raise KitError(f"pip could not fetch the kit:\n{answer.stderr[-3000:]}")
     project_wheel(wheels)
+    for wheel in wheels.glob("*.whl"):
+        dropped = TRIMMED.get(canonical(wheel.name.split("-")[0]))
+        if dropped:
+            trim(wheel, re.compile(dropped))
     built = [w.name for w in wheels.glob("*.whl") if not _fits(w.name)]
     if built:
         raise KitError(f"wheels that do not fit the machine's Python: {built}")
+
+
+def trim(wheel: Path, dropped: re.Pattern) -> None:
+    """Rewrite `wheel` without its members whose path `dropped` matches, and without
+    their lines in its RECORD (pip installs what the RECORD lists)."""
+    trimmed = wheel.with_suffix(".trimmed")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(trimmed, "w") as target:
+        for member in source.infolist():
+            if dropped.match(member.filename):
+                continue
+            data = source.read(member)
+            if member.filename.endswith(".dist-info/RECORD"):
+                kept = [line for line in data.decode().splitlines() if not dropped.match(line)]
+                data = ("\n".join(kept) + "\n").encode()
+            target.writestr(member, data, zipfile.ZIP_DEFLATED, 9)
+    trimmed.replace(wheel)
 
 
 def project_wheel(wheels: Path) -> None:

@@ -263,8 +263,26 @@ def run_doctor(configfiles: list[Path], slurm: bool) -> list[Finding]:
     findings.append(Finding("OK", "config", f"{shown}: valid"))
     return findings + run_checks({
         "weights": lambda: weights_check(config),
+        "decode": lambda: decode_check(config),
         "slides": lambda: slides_check(config),
     })  # fmt: skip
+
+
+def decode_check(config: dict[str, Any], module: str = "nvidia.nvimgcodec") -> list[Finding]:
+    """With loader.decode gpu: whether nvImageCodec is there, and a GPU for it."""
+    if (config.get("loader") or {}).get("decode") != "gpu":
+        return []
+    try:
+        version = importlib.import_module(module).__version__
+    except ImportError:
+        fix = "pip install 'slidesnake[gpu-decode]', or set loader.decode to exact or scaled"
+        return [Finding("FAIL", "decode", f"loader.decode gpu needs nvImageCodec; {fix}")]
+    import torch
+
+    if not torch.cuda.is_available():
+        where = "the job decodes on the CPU in its main process, slower than exact"
+        return [Finding("NOTE", "decode", f"nvImageCodec {version}, but no CUDA GPU here: {where}")]
+    return [Finding("OK", "decode", f"nvImageCodec {version}: JPEG tiles decode on the GPU")]
 
 
 def weights_check(config: dict[str, Any]) -> list[Finding]:

@@ -196,3 +196,13 @@ def test_each_model_of_a_list_has_its_weights_line(project, tmp_path):
     statuses = {check: finding.status for check, finding in findings.items()}
     assert statuses == {"weights vit": "NOTE", "weights lost": "FAIL"}
     assert "gone.safetensors does not exist" in findings["weights lost"].message
+
+
+def test_the_decode_line_appears_with_gpu_decode_and_fails_without_nvimagecodec():
+    assert doctor.decode_check({"loader": {"decode": "scaled"}}) == []
+    (missing,) = doctor.decode_check({"loader": {"decode": "gpu"}}, module="no_such_codec")
+    assert missing.status == "FAIL" and "pip install 'slidesnake[gpu-decode]'" in missing.message
+    pytest.importorskip("nvidia.nvimgcodec")
+    (found,) = doctor.decode_check({"loader": {"decode": "gpu"}})
+    assert found.status == ("OK" if torch.cuda.is_available() else "NOTE")
+    assert "nvImageCodec 0." in found.message

@@ -43,3 +43,22 @@ def test_the_machine_list_pins_its_torch_and_the_docs_give_the_printed_command()
     page = (REPO / "docs" / "gpu-workstation.md").read_text()
     assert gpu_kit.COMMAND in page
     assert "--no-index --no-deps --target" in gpu_kit.COMMAND
+
+
+def test_a_trimmed_wheel_loses_the_matching_members_and_their_record_lines(tmp_path):
+    import re
+    import zipfile
+
+    wheel = tmp_path / "imagecodecs-1.0-cp312-abi3-manylinux_2_28_x86_64.whl"
+    kept = ["imagecodecs/__init__.py", "imagecodecs/_jpeg8.abi3.so"]
+    gone = ["imagecodecs/_avif.abi3.so", "imagecodecs.libs/libaom-1.so.3"]
+    record = "imagecodecs-1.0.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in kept + gone:
+            archive.writestr(name, b"x" * 100)
+        archive.writestr(record, "".join(f"{name},sha256=x,100\n" for name in kept + gone))
+    gpu_kit.trim(wheel, re.compile(gpu_kit.TRIMMED["imagecodecs"]))
+    with zipfile.ZipFile(wheel) as archive:
+        assert sorted(archive.namelist()) == sorted([*kept, record])
+        lines = archive.read(record).decode().splitlines()
+    assert [line.split(",")[0] for line in lines] == kept

@@ -1,10 +1,12 @@
-"""The package's rooms keep to what their docstrings say they may import.
+"""Every module of the package keeps to what its room may import, and is named in the docs.
 
-Each subpackage of `slidesnake` lists the rooms it may import; the modules at the top
-(`errors`, `atomic`, `side_files`, `finite`) import nothing of ours but `errors`, and only
-`cli` and `bench` import across the whole package. Function-level imports count too.
-`slidesnake/__init__.py` imports only `errors` at once, the rest on first use, so that the
-server's environment can import `slidesnake.serve`.
+Each subpackage of `slidesnake` (a room) lists in its docstring the rooms it may import,
+and `MAY_IMPORT` holds those lists; each module at the top has its own: `errors`,
+`atomic`, `side_files` and `finite` import nothing of ours but `errors`, and the command
+line's `cli`, `doctor` and `bench` what their commands use. Every module of the package
+is governed by one list, and docs/layout.md names every module. Function-level imports
+count too. `slidesnake/__init__.py` imports only `errors` at once, the rest on first use,
+so that the server's environment can import `slidesnake.serve`.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ MAY_IMPORT = {
     "atomic": set(),
     "side_files": set(),
     "finite": {"errors"},
+    "__init__": {"errors"},
+    "__main__": {"cli"},
+    "bench": {"embed", "loader", "models", "slides", "tiling", "errors"},
+    "doctor": {"cohort", "embed", "models", "remote", "slides", "errors"},
+    "cli": {"bench", "doctor", "cohort", "embed", "models", "remote", "slides", "tiling", "errors"},
 }
 # The modules at the top of the package, not rooms of their own.
-TOP_MODULES = {"errors", "atomic", "side_files", "finite"}
+TOP_MODULES = {p.stem for p in PACKAGE.glob("*.py")}
 # room -> third-party modules it must not import (prefixes)
 MUST_NOT_IMPORT = {
     "slides": {"torch", "timm"},
@@ -120,6 +127,14 @@ def test_every_subpackage_is_governed_and_says_what_it_holds():
         assert docstring and "import" in docstring.lower(), (
             f"{room}/__init__.py: say what it may import"
         )
+
+
+def test_every_module_is_governed_and_named_in_the_layout_page():
+    modules = sorted(PACKAGE.rglob("*.py"))
+    assert modules == GOVERNED
+    page = (PACKAGE.parent / "docs" / "layout.md").read_text()
+    unnamed = [p.stem for p in modules if p.stem != "__init__" and f"`{p.stem}`" not in page]
+    assert unnamed == []
 
 
 def test_the_workflows_own_python_imports_no_torch():

@@ -137,6 +137,43 @@ def test_every_module_is_governed_and_named_in_the_layout_page():
     assert unnamed == []
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles() -> list[list[str]]:
+    """Cycles among the package's modules, by their imports at any depth."""
+    graph: dict[str, set[str]] = {}
+    for path in GOVERNED:
+        name, targets = module_name(path), set()
+        for _, module in imports(path):
+            while module and module not in graph.keys() | {module_name(p) for p in GOVERNED}:
+                module = module.rpartition(".")[0]  # `from a.b import name` imports a.b
+            if module.startswith("slidesnake.") and module != name:
+                targets.add(module)
+        graph[name] = targets
+    cycles, done = [], set()
+
+    def visit(node: str, trail: list[str]) -> None:
+        if node in trail:
+            cycles.append([*trail[trail.index(node) :], node])
+            return
+        if node in done:
+            return
+        for target in sorted(graph.get(node, ())):
+            visit(target, [*trail, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return cycles
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert import_cycles() == []
+
+
 def test_the_workflows_own_python_imports_no_torch():
     """What common.smk imports at DAG time: torch there would cost seconds per run."""
     code = (

@@ -19,7 +19,7 @@ from store_servers import DripProxy, OrthancServer, orthanc_binary
 
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideSizeError, StoreTimeoutError
-from slidesnake.slides import stores
+from slidesnake.slides import locator, stores
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
@@ -83,9 +83,9 @@ def test_a_dicomweb_series_gives_the_folders_pixels_masks_and_tiles(series, orth
                          out / "qc_tiles.png", TileParams())  # fmt: skip
     for name in ("mask.png", "tiles.parquet"):
         assert (tmp_path / "folder" / name).read_bytes() == (tmp_path / "web" / name).read_bytes()
-    first = stores.stat_slide(url, "s")
+    first = locator.stat_slide(url, "s")
     assert first.size == 3 and first.version.startswith("DICOM instances sha256")
-    assert stores.stat_slides([url])[url] == first.describe()
+    assert locator.stat_slides([url])[url] == first.describe()
 
 
 def test_a_series_under_a_bucket_prefix_reads_as_its_folder(series, s3):
@@ -96,10 +96,10 @@ def test_a_series_under_a_bucket_prefix_reads_as_its_folder(series, s3):
         prefix = "s3://archive/cmu-series/"
         with Slide(series, "s") as local, Slide(prefix, "s") as remote:
             _same_slide(local, remote)
-        first = stores.stat_slide(prefix, "s")
+        first = locator.stat_slide(prefix, "s")
         assert first.version.startswith("3 objects") and first.size > 0
         s3.put("archive", "cmu-series/level-2.dcm", b"replaced")
-        assert stores.stat_slide(prefix, "s") != first
+        assert locator.stat_slide(prefix, "s") != first
     finally:
         stores.configure(None)
 
@@ -108,7 +108,7 @@ def test_dicom_failures_fail_their_slide_in_one_line(series, orthanc, shared_sli
     missing = f"{orthanc.url}/dicom-web/studies/1.2.3/series/4.5.6"
     with pytest.raises(SlideOpenError, match=r"slide 's' \(http://127\.0\.0\.1:\d+/dicom-web/"):
         Slide(missing, "s")
-    assert stores.stat_slides([missing])[missing].startswith("unreadable (")
+    assert locator.stat_slides([missing])[missing].startswith("unreadable (")
     with pytest.raises(SlideOpenError, match="one instance of a series"):
         Slide(f"{orthanc.url}/wado/level-0.dcm", "s")
     with Slide(series, "s") as slide:

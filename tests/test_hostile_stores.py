@@ -28,7 +28,7 @@ from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.errors import SlideReadError, StoreTimeoutError
 from slidesnake.loader.batches import TileBatches
-from slidesnake.slides import stores
+from slidesnake.slides import locator, stores
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
@@ -122,13 +122,13 @@ def test_an_embedding_job_whose_slide_changes_midway_writes_nothing(web, rect_sl
 
 READ_IN_CHILD = r"""
 import json, re, sys, time
-from slidesnake.slides import stores
+from slidesnake.slides import locator, stores
 from slidesnake.slides.slide import Slide
 stores.configure(json.loads(sys.argv[2]))
 started, error = time.monotonic(), None
 try:
     if sys.argv[3] == "stat":
-        error = stores.stat_slides([sys.argv[1]])[sys.argv[1]]
+        error = locator.stat_slides([sys.argv[1]])[sys.argv[1]]
     else:
         with Slide(sys.argv[1], "hostile") as slide:
             slide.read(0, 3000, 3000, 1024, 1024)
@@ -199,7 +199,7 @@ def test_silent_and_slow_servers_fail_their_slide_within_the_deadlines(web, rect
             # two tries of 2 s at most (storage.retries 1), and the index read honestly
             assert time.monotonic() - started < 8, what
         started = time.monotonic()
-        found = stores.stat_slides([f"{silent.url}/{i}.svs" for i in range(64)])
+        found = locator.stat_slides([f"{silent.url}/{i}.svs" for i in range(64)])
         assert time.monotonic() - started < 8  # one deadline, not 64 / concurrency of them
         assert all(v.startswith("unreadable (the store did not answer") for v in found.values())
     finally:

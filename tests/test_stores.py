@@ -15,7 +15,7 @@ from store_servers import FLAKY, SECRET
 from slidesnake import load_embeddings
 from slidesnake.errors import SlideOpenError, SlideReadError
 from slidesnake.loader.batches import TileBatches
-from slidesnake.slides import stores
+from slidesnake.slides import locator, stores
 from slidesnake.slides.byte_ranges import merge_ranges
 from slidesnake.slides.slide import Slide
 from slidesnake.tiling.grid import TileParams
@@ -187,13 +187,13 @@ def test_a_format_only_openslide_reads_fails_before_any_request(tmp_path):
 def test_sizes_and_versions_of_a_sheet_come_from_one_concurrent_round(s3, web, rect_slide):
     urls = [s3.put("cohort", f"many/{i}.svs", rect_slide) for i in range(5)]
     served = web.add(rect_slide, "plain/rect.svs")
-    found = stores.stat_slides([*urls, served, "local/path.svs", "s3://cohort/missing.svs"])
+    found = locator.stat_slides([*urls, served, "local/path.svs", "s3://cohort/missing.svs"])
     assert set(found) == {*urls, served, "s3://cohort/missing.svs"}
     size = rect_slide.stat().st_size
     assert all(found[u].startswith(f"{size} bytes, ETag") for u in [*urls, served])
     assert found["s3://cohort/missing.svs"].startswith("unreadable (the store has no such object")
     s3.put("cohort", "many/0.svs", b"changed bytes")
-    assert stores.stat_slides(urls[:1])[urls[0]] != found[urls[0]]
+    assert locator.stat_slides(urls[:1])[urls[0]] != found[urls[0]]
 
 
 @pytest.mark.workflow

@@ -60,13 +60,12 @@ def warm_modules(function: str, job: Any) -> tuple[str, ...]:
 def _store_modules(function: str, job: Any) -> tuple[str, ...]:
     if function not in SLIDE_STAGES:
         return ()
-    from slidesnake.slides.dicom_wsi import is_dicom_folder
-    from slidesnake.slides.stores import is_dicom_prefix, is_dicomweb
+    from slidesnake.slides.locator import slide_kind
 
     slide = str(job.params.slide)
     scheme = slide.partition("://")[0].lower()
     modules = STORES.get(scheme, ("aiohttp",) if scheme in ("http", "https") else ())
-    if is_dicomweb(slide) or is_dicom_folder(slide) or is_dicom_prefix(slide):
+    if slide_kind(slide).dicom:
         modules = ("wsidicom", *modules)
     return tuple(m for m in modules if importlib.util.find_spec(m))  # gcsfs is optional
 

@@ -48,7 +48,7 @@ from slidesnake.errors import (
 from slidesnake.loader.batches import TileBatches
 from slidesnake.models.embedder import DTYPES, Embedder, build_embedder, parameter_count
 from slidesnake.models.registry import ModelInput, ModelSpec, model_input, model_spec
-from slidesnake.slides import stores
+from slidesnake.slides.locator import SlideKind, slide_kind, stat_slide
 from slidesnake.tiling.grid import TileGeometry
 from slidesnake.tiling.tile_table import read_tiles
 
@@ -66,8 +66,8 @@ def embedding_keys(
     params (as the rule has them), the tile table's bytes and the slide's size and
     modification time (in a store, its size and version)."""
     try:
-        if stores.is_url(slide_path) or Path(slide_path).is_dir():
-            stat = stores.stat_slide(slide_path, "")
+        if slide_kind(slide_path) is not SlideKind.FILE:
+            stat = stat_slide(slide_path, "")
             slide = [stat.size, stat.version]
         else:
             status = os.stat(slide_path)

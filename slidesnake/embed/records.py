@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slidesnake.slides import stores
+from slidesnake.slides.locator import SlideKind, shown, slide_kind, stat_slide
 from slidesnake.tiling.grid import TileGeometry
 
 
@@ -20,10 +21,9 @@ def slide_attributes(
     """The zarr attributes that say which slide and which tiles, whatever the backend.
     `pinned`: the version the reads were pinned to (a slide read in place), which is the
     version the store holds, whatever it holds now."""
-    if stores.is_url(slide_path) or Path(slide_path).is_dir():  # a store, a DICOM series
-        stat = pinned or stores.stat_slide(slide_path, slide_id)
-        shown = stores.location(slide_path) if stores.is_url(slide_path) else Path(slide_path)
-        where = {"slide_path": str(shown), "slide_version": stat.version}  # no credentials
+    if slide_kind(slide_path) is not SlideKind.FILE:  # a store, a DICOM series
+        stat = pinned or stat_slide(slide_path, slide_id)
+        where = {"slide_path": str(shown(slide_path)), "slide_version": stat.version}
         size, mtime = stat.size, None
     else:
         status = Path(slide_path).stat()

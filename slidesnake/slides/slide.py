@@ -19,8 +19,9 @@ import openslide
 
 from slidesnake.errors import SlideError, SlideOpenError, SlideReadError
 from slidesnake.slides import stores
-from slidesnake.slides.dicom_wsi import DicomSeries, bound_failure, is_dicom_folder, open_series
+from slidesnake.slides.dicom_wsi import DicomSeries, bound_failure, open_series
 from slidesnake.slides.in_place_tiff import open_in_place
+from slidesnake.slides.locator import SlideKind, shown, slide_kind
 from slidesnake.slides.mpp import Mpp, resolve_mpp
 from slidesnake.slides.tiff_tiles import TiffTiledLevels, TiledLevel
 
@@ -45,17 +46,16 @@ class Slide:
     without credentials."""
 
     def __init__(self, path: str | Path, slide_id: str | None = None, mpp: float | None = None):
-        url = stores.is_url(path)
-        dicom = stores.is_dicomweb(path) or stores.is_dicom_prefix(path) or is_dicom_folder(path)
+        kind = slide_kind(path)
         # A TIFF read in place holds no handle that a fork would share: loader workers
         # reuse it, index and all. OpenSlide's and wsidicom's handles must not cross one.
-        self.in_place = url and not dicom
-        self.path: str | Path = stores.location(path) if url else Path(path)
+        self.in_place = kind is SlideKind.IN_PLACE_TIFF
+        self.path: str | Path = shown(path)
         self.slide_id = slide_id or Path(str(self.path)).stem
         self._osr: openslide.OpenSlide | None = None
         self._dicom: DicomSeries | None = None
         self._tiff: TiffTiledLevels | None = None
-        if dicom:
+        if kind.dicom:
             self._dicom = open_series(path, self.slide_id)
             self.properties = self._dicom.properties
             sizes, downsamples = self._dicom.level_dimensions, self._dicom.level_downsamples

@@ -3,7 +3,8 @@
 A slide given as `s3://`, `gs://` or `http(s)://` is read in place through fsspec, byte
 ranges only (see byte_ranges); a job never downloads a slide whole. This module names
 the stores, turns the run's `storage:` section into each filesystem's options, and says
-what a slide is (size and version) without reading it, for re-runs.
+what an object is (size and version) without reading it, for re-runs (`locator` says
+it of a slide of any kind).
 
 Credentials come from each store's standard places (environment, profiles, instance
 roles) and never from the config, and a URL is only ever shown as `location()` makes it:
@@ -17,16 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from slidesnake.errors import SlideError, SlideOpenError, StoreTimeoutError
+from slidesnake.errors import SlideOpenError
 from slidesnake.slides.range_requests import Deadlines, ObjectVersion, fetch_range
 from slidesnake.slides.store_errors import open_error
 
@@ -227,25 +226,7 @@ class SlideStat(NamedTuple):
         return f"{self.size} bytes, {self.version}"
 
 
-def stat_slide(path: str | Path, slide_id: str) -> SlideStat:
-    """The slide's size and version; a missing or forbidden one fails its slide. A DICOM
-    series (a folder, or on DICOMweb) is identified by its instances."""
-    if is_dicomweb(path):
-        from slidesnake.slides.dicom_wsi import series_stat
-
-        return series_stat(str(path), slide_id)
-    if not is_url(path) and Path(path).is_dir():
-        return _folder_stat(Path(path))
-    if is_dicom_prefix(path):
-        return _prefix_stat(str(path), slide_id)
-    if not is_url(path):
-        status = os.stat(path)
-        return SlideStat(status.st_size, f"mtime {status.st_mtime_ns} ns")
-    fs, key = filesystem(str(path), slide_id)
-    return object_stat(fs, key, str(path), slide_id)
-
-
-def _prefix_stat(url: str, slide_id: str) -> SlideStat:
+def prefix_stat(url: str, slide_id: str) -> SlideStat:
     """A series under a bucket prefix: its objects' names, sizes and ETags, as one digest."""
     fs, key = filesystem(url, slide_id)
     try:
@@ -256,57 +237,6 @@ def _prefix_stat(url: str, slide_id: str) -> SlideStat:
     digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
     size = sum(size for _, size, _ in listing)
     return SlideStat(size, f"{len(listing)} objects, sha256 {digest}")
-
-
-def _folder_stat(folder: Path) -> SlideStat:
-    """A series folder: the names, sizes and mtimes of its files, as one digest."""
-    files = sorted(p for p in folder.iterdir() if p.is_file())
-    listing = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
-    return SlideStat(sum(size for _, size, _ in listing), f"{len(files)} files, sha256 {digest}")
-
-
-def stat_slides(paths: Iterable[str]) -> dict[str, str]:
-    """Each URL's `SlideStat.describe()`, or why it has none: one request per slide, up
-    to `storage.concurrency` at once (10,000 slides at 20 ms each take about 12 s). A
-    host that lets one question go unanswered past its deadline is not asked again: its
-    other slides fail with the same reason, and the run goes on without waiting."""
-    urls = sorted({p for p in paths if is_url(p)})
-    if not urls:
-        return {}
-    by_protocol: dict[str, Any] = {}
-    for url in urls:
-        protocol = PROTOCOLS[urlsplit(url).scheme.lower()]
-        if protocol not in by_protocol:
-            by_protocol[protocol] = _filesystem_or_error(url)
-    silent: dict[str, str] = {}
-
-    def describe(url: str) -> str:
-        if host(url) in silent:
-            return silent[host(url)]
-        fs = by_protocol[PROTOCOLS[urlsplit(url).scheme.lower()]]
-        try:
-            if is_dicomweb(url) or is_dicom_prefix(url):
-                return stat_slide(url, "").describe()
-            if isinstance(fs, SlideOpenError):
-                raise fs
-            key = url if "http" in fs.protocol else fs._strip_protocol(url)
-            return object_stat(fs, key, url, "").describe()
-        except StoreTimeoutError as err:
-            silent[host(url)] = f"unreadable ({err.problem})"
-            return silent[host(url)]
-        except SlideError as err:
-            return f"unreadable ({err.problem})"
-
-    with ThreadPoolExecutor(_settings.concurrency) as pool:
-        return dict(zip(urls, pool.map(describe, urls), strict=True))
-
-
-def _filesystem_or_error(url: str) -> Any:
-    try:
-        return filesystem(url)[0]
-    except SlideOpenError as err:
-        return err
 
 
 def object_info(fs: Any, key: str, url: str, slide_id: str) -> dict[str, Any]:

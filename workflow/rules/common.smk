@@ -38,12 +38,8 @@ from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
 from slidesnake.embed.settings import model_configs
 from slidesnake.errors import ConfigError, SlidesnakeError
 from slidesnake.side_files import file_digest
-from slidesnake.slides.stores import (
-    configure as configure_storage,
-    is_url,
-    stat_slide,
-    stat_slides,
-)
+from slidesnake.slides.locator import stat_slide, stat_slides
+from slidesnake.slides.stores import configure as configure_storage, is_url
 from slidesnake.models.registry import check_model_config, model_spec
 
 
@@ -100,7 +96,9 @@ try:
     # Before any params are made and before any job reads them: 32.0 is 32.
     config.update(whole_numbers(config, schema))
     # Unset: the method of the embeddings already here, so that a cohort never mixes them.
-    config["loader"]["decode"] = cohort_decode(config["loader"]["decode"], "results/slides")
+    config["loader"]["decode"] = cohort_decode(
+        config["loader"]["decode"], "results/slides"
+    )
     configure_storage(config["storage"])
     # Checking a timm: architecture imports timm (6 s); the jobs that Snakemake starts
     # on cluster nodes parse this file again and need not repeat it.

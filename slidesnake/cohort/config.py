@@ -12,7 +12,7 @@ a class name "1" or "yes" stays the string it is.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -27,14 +27,19 @@ Schema = dict[str, Any]
 def typed_sections(config: dict[str, Any], schema: Schema) -> dict[str, Any]:
     """The config with its string scalars read as YAML numbers, booleans or null wherever
     the schema wants one of those and not a string."""
-    return _typed(config, schema, schema)
+    return _walk(config, schema, schema, _yaml_scalar)
 
 
-def _typed(value: Any, node: Schema | None, root: Schema) -> Any:
+def _walk(value: Any, node: Schema | None, root: Schema, scalar: Callable) -> Any:
+    """`value` with `scalar(leaf, the types its schema allows)` in place of each leaf."""
     if isinstance(value, dict):
-        return {key: _typed(item, _child(node, root, key), root) for key, item in value.items()}
+        return {k: _walk(item, _child(node, root, k), root, scalar) for k, item in value.items()}
     if isinstance(value, list):
-        return [_typed(item, _items(node, root), root) for item in value]
+        return [_walk(item, _items(node, root), root, scalar) for item in value]
+    return scalar(value, _types(node, root))
+
+
+def _yaml_scalar(value: Any, types: set[str]) -> Any:
     if not isinstance(value, str):
         return value
     try:
@@ -43,7 +48,6 @@ def _typed(value: Any, node: Schema | None, root: Schema) -> Any:
         return value
     if parsed is not None and not isinstance(parsed, int | float | bool):
         return value
-    types = _types(node, root)
     if "string" not in types:
         return parsed
     return None if parsed is None and "null" in types else value
@@ -182,15 +186,10 @@ def whole_numbers(config: dict[str, Any], schema: Schema) -> dict[str, Any]:
     """The (checked) config with integer settings as ints: JSON Schema takes 32.0 as an
     integer, so `batch_size: 32.0` passes it, and a job would then fail on a float; params
     built from the same values make 32.0 and 32 the same run."""
-    return _whole(config, schema, schema)
+    return _walk(config, schema, schema, _whole_scalar)
 
 
-def _whole(value: Any, node: Schema | None, root: Schema) -> Any:
-    if isinstance(value, dict):
-        return {key: _whole(item, _child(node, root, key), root) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_whole(item, _items(node, root), root) for item in value]
-    types = _types(node, root)
+def _whole_scalar(value: Any, types: set[str]) -> Any:
     integer = "integer" in types and "number" not in types
     return int(value) if integer and isinstance(value, float) and value.is_integer() else value
 

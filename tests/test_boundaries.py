@@ -178,7 +178,8 @@ def test_the_workflows_own_python_imports_no_torch():
     """What common.smk imports at DAG time: torch there would cost seconds per run."""
     code = (
         "import sys; import slidesnake.cohort.config, slidesnake.cohort.rule_params, "
-        "slidesnake.cohort.samples, slidesnake.cohort.summary, slidesnake.models.registry, "
+        "slidesnake.cohort.samples, slidesnake.cohort.summary, slidesnake.cohort.run_checks, "
+        "slidesnake.models.registry, "
         "slidesnake.cluster.stuck_jobs; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm')))"
     )

@@ -8,6 +8,7 @@ from slidesnake.cluster.stuck_jobs import (
     Request,
     never_starts,
     parse_tres,
+    slide_log_report,
     why_never,
 )
 
@@ -53,3 +54,14 @@ def test_the_message_names_the_job_the_slide_and_the_setting_to_change():
     assert "307200 MB" in memory and "mem_mb for embed_tiles" in memory
     gpus = why_never(job("cpu", "cpu=1,gres/gpu=1"), NODES)
     assert "slurm_partition" in gpus
+
+
+def test_a_stuck_slide_job_is_said_and_written_in_that_jobs_log(tmp_path):
+    said = []
+    report = slide_log_report(["TCGA_A1_01"], said.append, tmp_path)
+    report(job("gpu", "cpu=1,mem=1G"), "job 77 can never start")
+    report(job("gpu", "cpu=1,mem=1G", comment="rule_embed_tiles_wildcards_other"), "job 78 too")
+    assert said == ["job 77 can never start", "job 78 too"]
+    (log,) = tmp_path.rglob("*.log")
+    assert log.relative_to(tmp_path).as_posix() == "TCGA_A1_01/embed_tiles.log"
+    assert log.read_text().endswith(" ERROR slidesnake.cluster: job 77 can never start\n")

@@ -164,6 +164,25 @@ def cancel_stuck_jobs(workdir: Path, report: Callable[[PendingJob, str], None]) 
     return len(stuck)
 
 
+def slide_log_report(
+    slide_ids: Iterable[str], error: Callable[[str], None], logs: Path = Path("logs/slides")
+) -> Callable[[PendingJob, str], None]:
+    """A `report` for `watch_stuck_jobs`: `error(message)`, and for a job of one of the
+    cohort's slides the same line in that job's log, where the cohort summary finds it."""
+    known = set(slide_ids)
+
+    def report(job: PendingJob, message: str) -> None:
+        error(message)
+        if job.slide_id in known:
+            log = logs / job.slide_id / f"{job.rule}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S,000")
+            with log.open("a") as file:
+                file.write(f"{stamp} ERROR slidesnake.cluster: {message}\n")
+
+    return report
+
+
 def watch_stuck_jobs(
     workdir: Path,
     interval_s: float,

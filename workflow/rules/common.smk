@@ -24,6 +24,7 @@ from slidesnake.cohort.rule_params import (
     tissue_params,
     write_model_cards,
 )
+from slidesnake.cohort.run_checks import check_head_config, check_models_config
 from slidesnake.cohort.samples import (
     SLIDE_ID_WILDCARD,
     read_sample_sheet,
@@ -34,55 +35,17 @@ from slidesnake.cohort.summary import (
     failed_slides,
     write_cohort_summary,
 )
-from slidesnake.cluster.stuck_jobs import watch_stuck_jobs
+from slidesnake.cluster.stuck_jobs import slide_log_report, watch_stuck_jobs
 from slidesnake.embed.settings import model_configs
-from slidesnake.errors import ConfigError, SlidesnakeError
+from slidesnake.errors import SlidesnakeError
 from slidesnake.side_files import file_digest
 from slidesnake.slides.locator import stat_slide, stat_slides
 from slidesnake.slides.stores import configure as configure_storage, is_url
-from slidesnake.models.registry import check_model_config, model_spec
 
 
 def load_yaml(path):
     with open(path) as f:
         return yaml.safe_load(f)
-
-
-def check_models_config(config):
-    """model.*, or each entry of models:, against the tiles, before any job."""
-    models = model_configs(config)
-    for key, model in models.items():
-        check_model_config(model["model"], config["tiles"], model["remote"], key)
-    if not models:
-        check_model_config(config["model"], config["tiles"], config["remote"])
-
-
-def head_model(config):
-    """The model section whose embeddings the head reads: head.model's entry of models:."""
-    key = config["head"]["model"]
-    if not config["models"]:
-        return config["model"]
-    if key not in config["models"]:
-        raise ConfigError(
-            f"head.model {key!r} is not a key of models: ({', '.join(config['models'])}); "
-            "set it to the key of the model the head was trained on"
-        )
-    return config["models"][key]
-
-
-def check_head_config(config):
-    """A head that does not fit the model stops the run before any job. Only with a head:
-    the model's width may take torch and timm to find."""
-    if not config["head"]["checkpoint"]:
-        return
-    from slidesnake.aggregate.head import check_head_fits
-    from slidesnake.models.embedder import embedding_width
-
-    model = head_model(config)
-    spec = model_spec(model["name"], model["mean"], model["std"])
-    local = model["backend"] == "local"
-    width = embedding_width(spec, config["tiles"]["size"]) if local else None
-    check_head_fits(config["head"], width)
 
 
 # What decides each model's embeddings, a file per model key (see write_model_cards).
@@ -314,15 +277,5 @@ def watch_slurm_jobs():
     if plugin is None or plugin.name != "slurm":
         return
     interval = config["slurm"]["check_pending_s"]
-    watch_stuck_jobs(Path.cwd(), interval, report_stuck_job, logger.warning)
-
-
-def report_stuck_job(job, message):
-    """Print the reason, and put it in the slide's log, where the cohort summary finds it."""
-    logger.error(message)
-    if job.slide_id in SLIDE_PATHS:
-        log = Path("logs/slides") / job.slide_id / f"{job.rule}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S,000")
-        with log.open("a") as f:
-            f.write(f"{stamp} ERROR slidesnake.cluster: {message}\n")
+    reporter = slide_log_report(SLIDE_PATHS, logger.error)
+    watch_stuck_jobs(Path.cwd(), interval, reporter, logger.warning)

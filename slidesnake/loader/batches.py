@@ -144,8 +144,10 @@ class TileBatches:
         cohort's later runs keep, see cohort.decode_method) and the fraction of its size
         this slide's level was decoded at (1 where it could only be read exactly); with
         `gpu`, where (`device`, or `loader` for a level the device does not decode)."""
-        attributes: dict[str, str | int] = {"decode": self.decode}
-        attributes["decode_shrink"] = self.plan.shrink
+        attributes: dict[str, str | int] = {
+            "decode": self.decode,
+            "decode_shrink": self.plan.shrink,
+        }
         if self.decode == "gpu":
             attributes["decoded_on"] = "device" if self.packed else "loader"
         return attributes

@@ -28,7 +28,8 @@ import openslide
 import torch
 from PIL import Image
 
-from slidesnake.embed.loop import embed_slide
+from slidesnake.embed.job import ONE_MODEL, embed_slide
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.loader.batches import ReadPlan, TileBatches, planned_reader
 from slidesnake.loader.readers import CompressedTiles
@@ -201,10 +202,10 @@ def _synchronize(device: torch.device) -> None:
 
 def end_to_end(slide: TiledSlide, settings: EmbedSettings, out: Path) -> dict[str, Any]:
     """metrics.json of a whole embedding job."""
-    return embed_slide(
-        slide.path, slide.path.stem, slide.tiles, out / "embeddings.zarr", out / "metrics.json",
-        settings,
-    )  # fmt: skip
+    outputs = {ONE_MODEL: ModelOutputs(out / "embeddings.zarr", out / "metrics.json")}
+    return embed_slide(slide.path, slide.path.stem, slide.tiles, outputs, {ONE_MODEL: settings})[
+        ONE_MODEL
+    ]
 
 
 def peak_memory(slide: TiledSlide, settings: EmbedSettings, out: Path) -> dict[str, Any]:

@@ -150,9 +150,13 @@ def _embed(args: argparse.Namespace) -> None:
     if args.models:
         _embed_models(args, out)
         return
+    from slidesnake.embed.job import ONE_MODEL, embed_slide
+    from slidesnake.embed.model_outputs import ModelOutputs
+
     settings = _settings(args)
+    open_served = None
     if args.url:
-        from slidesnake.remote.loop import embed_slide_remote as embed_slide
+        from slidesnake.remote.served_run import ServedRun as open_served
 
         remote = RemoteSettings(
             url=args.url,
@@ -162,15 +166,13 @@ def _embed(args: argparse.Namespace) -> None:
             token_env=args.token_env,
         )
         settings = replace(settings, backend="remote", remote=remote)
-    else:
-        from slidesnake.embed.loop import embed_slide
     embed_slide(
         args.slide,
         Path(args.slide).stem,
         args.tiles,
-        out / "embeddings.zarr",
-        out / "metrics.json",
-        settings,
+        {ONE_MODEL: ModelOutputs(out / "embeddings.zarr", out / "metrics.json")},
+        {ONE_MODEL: settings},
+        open_served=open_served,
     )
 
 
@@ -180,13 +182,12 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
     command line are each entry's defaults, a served entry's `remote:` its server."""
     import yaml
 
-    from slidesnake.cohort.rule_params import embedding_params
-    from slidesnake.embed.model_list import embed_slide_models
-    from slidesnake.embed.model_outputs import ModelOutputs
+    from slidesnake.cohort.job_models import job_models
+    from slidesnake.embed.job import embed_slide
     from slidesnake.embed.settings import model_configs
     from slidesnake.errors import ConfigError
     from slidesnake.models.registry import check_model_config
-    from slidesnake.remote.model_run import RemoteRun
+    from slidesnake.remote.served_run import ServedRun
     from slidesnake.tiling.tile_table import read_tiles
 
     entries = yaml.safe_load(args.models.read_text())
@@ -200,25 +201,24 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
     remote |= {f.name: f.default for f in fields(RemoteSettings) if f.name not in remote}
     for entry in entries.values():
         entry |= {"remote": remote | entry["remote"]} if "remote" in entry else {}
-    configs = model_configs({
+    config = {
         "models": {key: model | entry for key, entry in entries.items()}, "remote": remote,
         "loader": {"workers": base.workers}, "output": {"dtype": base.output_dtype},
-    })  # fmt: skip
+    }  # fmt: skip
     geometry = read_tiles(args.tiles)[1]
-    for key, config in configs.items():
+    for key, listed in model_configs(config).items():
         tiles = {"size": geometry.size, "mpp": geometry.target_mpp}
-        check_model_config(config["model"], tiles, config["remote"], key)
-    embed_slide_models(
+        check_model_config(listed["model"], tiles, listed["remote"], key)
+    zarrs = [out / key / "embeddings.zarr" for key in entries]
+    models = job_models(config, zarrs, [zarr.with_name("metrics.json") for zarr in zarrs])
+    embed_slide(
         args.slide,
         Path(args.slide).stem,
         args.tiles,
-        {
-            key: ModelOutputs(out / key / "embeddings.zarr", out / key / "metrics.json")
-            for key in configs
-        },
-        {key: EmbedSettings.from_config(config) for key, config in configs.items()},
-        {key: embedding_params(config) for key, config in configs.items()},
-        open_served=RemoteRun,
+        models.outputs,
+        models.settings,
+        models.params,
+        open_served=ServedRun,
     )
 
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from slidesnake.embed.job import ONE_MODEL, embed_slide
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.slides.synthetic import Rect, random_blobs, write_slide
 
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -96,6 +98,12 @@ def shared_slides() -> Path:
     if not SHARED_SLIDES.is_dir():
         pytest.skip("../shared/slides is absent (a fresh clone has no real slides)")
     return SHARED_SLIDES
+
+
+def embed_one(slide, slide_id: str, tiles, zarr, metrics, settings, **options) -> dict:
+    """The run's one model (a list of one) embedding `slide`: its metrics."""
+    outputs = {ONE_MODEL: ModelOutputs(Path(zarr), Path(metrics))}
+    return embed_slide(slide, slide_id, tiles, outputs, {ONE_MODEL: settings}, **options)[ONE_MODEL]
 
 
 def write_sheet(path: Path, rows: list[tuple]) -> Path:

@@ -240,10 +240,12 @@ def test_a_rule_script_without_a_network_imports_no_torch(script):
 
 
 def test_a_remote_backend_job_imports_no_torch():
-    """Its model is on the server: what the job's script imports at its top, the remote
-    loop (loader, client, preprocessing, store) and the CLI start without torch's 1.5 s;
-    the script imports the local loop only for the local backend."""
+    """Its model is on the server: what the job's script imports at its top, the job's
+    one path and its loop (loader, store), the served run (client, preprocessing) and
+    the CLI start without torch's 1.5 s; the job imports a local model's run only for
+    a local model."""
     script = PACKAGE.parent / "scripts" / "embed_tiles.py"
     top = [n.module for n in ast.parse(script.read_text()).body if isinstance(n, ast.ImportFrom)]
-    modules = [*top, "slidesnake.cohort.rule_jobs", "slidesnake.remote.loop", "slidesnake.cli"]
+    modules = [*top, "slidesnake.cohort.rule_jobs", "slidesnake.cohort.job_models"]
+    modules += ["slidesnake.embed.job", "slidesnake.remote.served_run", "slidesnake.cli"]
     assert torch_modules_after_importing(modules) == "[]"

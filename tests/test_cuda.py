@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import embed_one
 from test_embedding import blob_tiles, grid_model, settings, tile_slide  # noqa: F401
 
 from slidesnake import load_embeddings
-from slidesnake.embed.loop import embed_slide
 from slidesnake.models.embedder import build_embedder
 from slidesnake.models.registry import model_spec
 
@@ -23,9 +23,8 @@ pytestmark = [
 
 def embed_on(device: str, slide, tiles, out, embed_settings) -> np.ndarray:
     out.mkdir(parents=True, exist_ok=True)
-    embed_slide(
-        slide, "s", tiles, out / "e.zarr", out / "m.json", embed_settings, torch.device(device)
-    )
+    on = torch.device(device)
+    embed_one(slide, "s", tiles, out / "e.zarr", out / "m.json", embed_settings, device=on)
     return load_embeddings(out / "e.zarr")[0]
 
 
@@ -73,7 +72,7 @@ def test_models_of_one_job_on_the_gpu(tmp_path, blob_slide, blob_tiles, grid_mod
     """Several models on the GPU: each model's features follow its CPU run (the GPU
     resizes floats, the CPU uint8), their times come from CUDA events, and a share of
     the GPU too small for them fails the slide before any model loads."""
-    from slidesnake.embed.model_list import embed_slide_models
+    from slidesnake.embed.job import embed_slide
     from slidesnake.embed.model_outputs import ModelOutputs
     from slidesnake.errors import ModelError
 
@@ -83,7 +82,7 @@ def test_models_of_one_job_on_the_gpu(tmp_path, blob_slide, blob_tiles, grid_mod
     for device in ("cpu", "cuda"):
         out = {k: ModelOutputs(tmp_path / device / k / "e.zarr", tmp_path / device / k / "m.json")
                for k in models}  # fmt: skip
-        metrics = embed_slide_models(
+        metrics = embed_slide(
             blob_slide, "s", blob_tiles, out, models, params, torch.device(device)
         )
         assert all(m["device"] == device and m["model_s"] > 0 for m in metrics.values())
@@ -93,5 +92,5 @@ def test_models_of_one_job_on_the_gpu(tmp_path, blob_slide, blob_tiles, grid_mod
     out = {k: ModelOutputs(tmp_path / "none" / k / "e.zarr", tmp_path / "none" / k / "m.json")
            for k in models}  # fmt: skip
     with pytest.raises(ModelError, match="split models: into runs of"):
-        embed_slide_models(blob_slide, "s", blob_tiles, out, models, params,
+        embed_slide(blob_slide, "s", blob_tiles, out, models, params,
                            torch.device("cuda"), jobs_on_gpu=10**6)  # fmt: skip

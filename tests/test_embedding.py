@@ -21,10 +21,9 @@ import openslide
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ChannelGrid
+from conftest import ChannelGrid, embed_one
 
 from slidesnake import ModelError, export_h5, load_embeddings
-from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.progress import Progress
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.store import EmbeddingWriter
@@ -82,7 +81,7 @@ def tile_slide(slide, out, sheet_mpp=None):
 
 
 def embed(slide, tiles, out, embed_settings):
-    metrics = embed_slide(
+    metrics = embed_one(
         slide, "s", tiles, out / "embeddings.zarr", out / "metrics.json", embed_settings
     )
     return (*load_embeddings(out / "embeddings.zarr"), metrics)

@@ -8,13 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ChannelGrid, write_sheet
+from conftest import ChannelGrid, embed_one, write_sheet
 
 from slidesnake.aggregate.encoder import encode_slide
 from slidesnake.aggregate.head import load_head, predict_slide
 from slidesnake.aggregate.pooling import pool_features
 from slidesnake.atomic import output_set
-from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.errors import ModelError, NonFiniteError
@@ -60,7 +59,7 @@ def test_a_model_giving_non_finite_features_fails_its_slide(tmp_path, tiled, fac
                              workers=1, output_dtype=dtype)  # fmt: skip
     zarr_path = tmp_path / "embeddings.zarr"
     with pytest.raises(NonFiniteError) as raised:
-        embed_slide(slide, "s", out / "tiles.parquet", zarr_path, tmp_path / "m.json", settings)
+        embed_one(slide, "s", out / "tiles.parquet", zarr_path, tmp_path / "m.json", settings)
     message = str(raised.value)
     assert f"the model's tile features ({dtype}) hold" in message and count in message, message
     assert "output.dtype float32" in message

@@ -22,10 +22,11 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+from conftest import embed_one
 
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.errors import NonFiniteError, RemoteError, RemoteProtocolError
-from slidesnake.remote.loop import embed_slide_remote
+from slidesnake.remote.served_run import ServedRun
 from slidesnake.slides.synthetic import Rect, write_slide
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
@@ -143,8 +144,8 @@ def embed(tiled, tmp_path, mode: str, **remote) -> Path:
     slide, tiles = tiled
     Hostile.mode = mode
     zarr = tmp_path / "embeddings.zarr"
-    embed_slide_remote(slide, "s", tiles, zarr, tmp_path / "metrics.json",
-                       settings(f"http://{remote.pop('host', '')}", **remote))  # fmt: skip
+    served = settings(f"http://{remote.pop('host', '')}", **remote)
+    embed_one(slide, "s", tiles, zarr, tmp_path / "metrics.json", served, open_served=ServedRun)
     return zarr
 
 
@@ -193,15 +194,19 @@ def test_a_body_larger_than_the_batch_can_need_is_refused_unread(tiled, tmp_path
 
 JOB = """
 import sys
+from pathlib import Path
 from slidesnake.cohort.jobs import run_job
+from slidesnake.embed.job import embed_slide
+from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
-from slidesnake.remote.loop import embed_slide_remote
+from slidesnake.remote.served_run import ServedRun
 remote = RemoteSettings(url=sys.argv[1], model="m", batch_size=8, timeout_s=5, retries=1,
                         ready_timeout_s=5, token_env="HOSTILE_TOKEN")
 settings = EmbedSettings(model="custom", workers=1, backend="remote", remote=remote)
 out = sys.argv[4]
-run_job(lambda: embed_slide_remote(sys.argv[2], "s", sys.argv[3], out + "/embeddings.zarr",
-                                   out + "/metrics.json", settings),
+outputs = {"model": ModelOutputs(Path(out, "embeddings.zarr"), Path(out, "metrics.json"))}
+run_job(lambda: embed_slide(sys.argv[2], "s", sys.argv[3], outputs, {"model": settings},
+                            open_served=ServedRun),
         log_path=out + "/embed_tiles.log", slide_id="s")
 """
 

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import tifffile
-from conftest import RECT_TISSUE, REPO
+from conftest import RECT_TISSUE, REPO, embed_one
 from store_servers import SilentServer
 
-from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.errors import SlideReadError, StoreTimeoutError
 from slidesnake.loader.batches import TileBatches
@@ -115,7 +114,7 @@ def test_an_embedding_job_whose_slide_changes_midway_writes_nothing(web, rect_sl
     web.replace_after("plain/midway.svs", 3, _changed(rect_slide.read_bytes()))
     out = tmp_path / "out"
     with pytest.raises(SlideReadError, match="changed while it was read"):
-        embed_slide(url, "s", tiles, out / "e.zarr", out / "metrics.json", settings)
+        embed_one(url, "s", tiles, out / "e.zarr", out / "metrics.json", settings)
     assert not (out / "e.zarr").exists() and not (out / "metrics.json").exists()
     assert [p.name for p in out.rglob("*")] == []
 

@@ -10,10 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ChannelGrid
+from conftest import ChannelGrid, embed_one
 
 from slidesnake import export_h5, load_embeddings
-from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.imported import CoordsError
@@ -47,7 +46,7 @@ def tile(slide, out, tiles_path, coords=None):
 def embed(slide, tiles_path, zarr_path, model):
     settings = EmbedSettings(model="custom", checkpoint=str(model), precision="fp32",
                              workers=1, output_dtype="float32")  # fmt: skip
-    embed_slide(slide, "rect", tiles_path, zarr_path, zarr_path.with_suffix(".json"), settings)
+    embed_one(slide, "rect", tiles_path, zarr_path, zarr_path.with_suffix(".json"), settings)
 
 
 def test_coordinates_exported_then_imported_give_the_same_tiles_and_embeddings(

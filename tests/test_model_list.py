@@ -17,19 +17,20 @@ import pytest
 import timm
 import torch
 import yaml
-from conftest import ChannelGrid
+from conftest import ChannelGrid, embed_one
 from safetensors.torch import save_file
 
 from slidesnake import load_embeddings
 from slidesnake.cohort.rule_params import embedding_params
 from slidesnake.cohort.summary import write_cohort_summary
-from slidesnake.embed.loop import embed_slide
-from slidesnake.embed.model_list import check_memory, embed_slide_models, weights_bytes
+from slidesnake.embed.job import embed_slide
+from slidesnake.embed.local_run import weights_bytes
+from slidesnake.embed.model_list import check_memory
 from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.errors import ConfigError, ModelError, ModelsFailedError
 from slidesnake.models.registry import check_model_config, model_input, model_spec
-from slidesnake.remote.model_run import RemoteRun
+from slidesnake.remote.served_run import ServedRun
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tile_table import read_tiles, write_tiles
@@ -94,17 +95,17 @@ def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
     whole = replace(two_models(grid_program)["vit"], input_mpp=None)
     models = two_models(grid_program) | {"whole": whole}
     out = outputs(tmp_path / "all", models)
-    metrics = embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+    metrics = embed_slide(rect_slide, "rect", tiled, out, models, params(models))
     assert set(metrics) == {"grid", "vit", "whole"}
     alone = tmp_path / "whole_alone"
-    embed_slide(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", whole)
+    embed_one(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", whole)
     np.testing.assert_array_equal(
         load_embeddings(out["whole"].zarr)[0], load_embeddings(alone / "e.zarr")[0]
     )
 
     # The whole-tile model: a run of its own over the same tiles.
     alone = tmp_path / "grid_alone"
-    own = embed_slide(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", models["grid"])
+    own = embed_one(rect_slide, "rect", tiled, alone / "e.zarr", alone / "m.json", models["grid"])
     grid, coords, attrs = load_embeddings(out["grid"].zarr)
     expected, expected_coords, _ = load_embeddings(alone / "e.zarr")
     assert grid.shape == (80, 48) and attrs["model_key"] == "grid"
@@ -119,8 +120,8 @@ def test_each_model_of_one_read_equals_its_own_run_and_tiles_are_decoded_once(
     write_tiles(centres, small, tmp_path / "centres.parquet")
     alone = tmp_path / "vit_alone"
     vit_alone = replace(models["vit"], input_size=None, input_mpp=None)
-    embed_slide(rect_slide, "rect", tmp_path / "centres.parquet", alone / "e.zarr",
-                alone / "m.json", vit_alone)  # fmt: skip
+    embed_one(rect_slide, "rect", tmp_path / "centres.parquet", alone / "e.zarr",
+              alone / "m.json", vit_alone)  # fmt: skip
     vit, vit_coords, _ = load_embeddings(out["vit"].zarr)
     expected, _, _ = load_embeddings(alone / "e.zarr")
     assert vit.shape == (80, 64)
@@ -145,30 +146,30 @@ def test_a_job_embeds_only_the_models_whose_outputs_are_not_current(
 ):
     models = two_models(grid_program)
     out = outputs(tmp_path, [*models, "third"])
-    embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+    embed_slide(rect_slide, "rect", tiled, out, models, params(models))
     stamps = {key: out[key].metrics.stat().st_mtime_ns for key in models}
     grid_features = load_embeddings(out["grid"].zarr)[0]
 
     # Unchanged: nothing is embedded again.
-    assert embed_slide_models(rect_slide, "rect", tiled, out, models, params(models)) == {}
+    assert embed_slide(rect_slide, "rect", tiled, out, models, params(models)) == {}
 
     # A third model: only it.
     three = models | {"third": replace(models["grid"], input_size=56)}
-    metrics = embed_slide_models(rect_slide, "rect", tiled, out, three, params(three))
+    metrics = embed_slide(rect_slide, "rect", tiled, out, three, params(three))
     assert list(metrics) == ["third"] and metrics["third"]["models_in_job"] == ["third"]
     assert {key: out[key].metrics.stat().st_mtime_ns for key in models} == stamps
     assert load_embeddings(out["third"].zarr)[0].shape == (80, 48)
 
     # One model's settings changed: only that model.
     changed = three | {"grid": replace(models["grid"], mean=(0.5, 0.5, 0.5))}
-    metrics = embed_slide_models(rect_slide, "rect", tiled, out, changed, params(changed))
+    metrics = embed_slide(rect_slide, "rect", tiled, out, changed, params(changed))
     assert list(metrics) == ["grid"]
     assert not np.array_equal(load_embeddings(out["grid"].zarr)[0], grid_features)
     assert out["vit"].metrics.stat().st_mtime_ns == stamps["vit"]
 
     # A half-written output (its metrics lost) is not current.
     out["vit"].metrics.unlink()
-    metrics = embed_slide_models(rect_slide, "rect", tiled, out, changed, params(changed))
+    metrics = embed_slide(rect_slide, "rect", tiled, out, changed, params(changed))
     assert list(metrics) == ["vit"]
 
 
@@ -369,8 +370,8 @@ def test_a_model_that_fails_costs_only_itself(
     models = {"grid": grid, "broken": make(grid, tmp_path)}
     out = outputs(tmp_path / "out", models)
     with pytest.raises(ModelsFailedError, match=r"failed: broken .*embeddings of grid are kept"):
-        embed_slide_models(rect_slide, "rect", tiled, out, models, params(models),
-                           open_served=RemoteRun)  # fmt: skip
+        embed_slide(rect_slide, "rect", tiled, out, models, params(models),
+                           open_served=ServedRun)  # fmt: skip
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].startswith("slide 'rect': model 'broken' failed: ")
     assert BROKEN[make] in errors[0]
@@ -384,7 +385,7 @@ def test_a_model_that_fails_costs_only_itself(
 
     caplog.clear()
     alone = {"grid": grid}
-    assert embed_slide_models(rect_slide, "rect", tiled, out, alone, params(alone)) == {}
+    assert embed_slide(rect_slide, "rect", tiled, out, alone, params(alone)) == {}
     assert "model grid was embedded by the last run; kept" in caplog.text
     np.testing.assert_array_equal(load_embeddings(out["grid"].zarr)[0], waiting)
     assert out["grid"].metrics.is_file() and not (tmp_path / "out" / "grid" / ".kept").exists()
@@ -397,11 +398,11 @@ def test_a_model_that_fails_leaves_a_current_model_as_it_was(
     the job, and keeps its outputs as they were."""
     grid = two_models(grid_program)["grid"]
     out = outputs(tmp_path / "out", ["grid", "broken"])
-    embed_slide_models(rect_slide, "rect", tiled, out, {"grid": grid}, params({"grid": grid}))
+    embed_slide(rect_slide, "rect", tiled, out, {"grid": grid}, params({"grid": grid}))
     kept = out["grid"].metrics.read_text()
     models = {"grid": grid, "broken": not_finite(grid, tmp_path)}
     with pytest.raises(ModelsFailedError, match=r"1 model\(s\) failed: broken \(each"):
-        embed_slide_models(rect_slide, "rect", tiled, out, models, params(models))
+        embed_slide(rect_slide, "rect", tiled, out, models, params(models))
     assert out["grid"].metrics.read_text() == kept
     assert load_embeddings(out["grid"].zarr)[0].shape == (80, 48)
     assert not out["broken"].zarr.exists() and not out["broken"].kept().zarr.exists()

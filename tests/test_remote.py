@@ -25,19 +25,17 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, embed_one
 from safetensors.torch import save_file
 
-from slidesnake.embed.loop import embed_slide
-from slidesnake.embed.model_list import embed_slide_models
+from slidesnake.embed.job import embed_slide
 from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
 from slidesnake.embed.store import load_embeddings
 from slidesnake.errors import ConfigError, RemoteError, RemoteRefusedError
 from slidesnake.models.embedder import build_network
 from slidesnake.models.registry import model_spec
-from slidesnake.remote.loop import embed_slide_remote
-from slidesnake.remote.model_run import RemoteRun
+from slidesnake.remote.served_run import ServedRun
 from slidesnake.tiling.grid import TileParams
 from slidesnake.tiling.stages import make_tile_coords, make_tissue_mask
 from slidesnake.tiling.tissue import TissueParams
@@ -197,9 +195,10 @@ def remote_settings(url: str, model: str, **remote) -> EmbedSettings:
 
 def embed_remote(slide, tiles, out: Path, settings: EmbedSettings):
     out.mkdir(parents=True, exist_ok=True)
-    metrics = embed_slide_remote(
-        slide, "rect", tiles, out / "embeddings.zarr", out / "metrics.json", settings
-    )
+    metrics = embed_one(
+        slide, "rect", tiles, out / "embeddings.zarr", out / "metrics.json", settings,
+        open_served=ServedRun,
+    )  # fmt: skip
     return (*load_embeddings(out / "embeddings.zarr"), metrics)
 
 
@@ -210,7 +209,7 @@ def local_features(tmp_path_factory, rect_slide, rect_tiles, checkpoint):
         model="timm:test_vit", checkpoint=checkpoint, precision="fp32",
         output_dtype="float32", workers=1, batch_size=8,
     )  # fmt: skip
-    embed_slide(rect_slide, "rect", rect_tiles, out / "e.zarr", out / "m.json", settings)
+    embed_one(rect_slide, "rect", rect_tiles, out / "e.zarr", out / "m.json", settings)
     features, coords, _ = load_embeddings(out / "e.zarr")
     return features, coords
 
@@ -502,8 +501,8 @@ def test_a_served_model_of_a_model_list_shares_the_one_read(
     models = {"here": here, "served": remote_settings(uint8_server.url, "test_vit")}
     out = {k: ModelOutputs(tmp_path / k / "e.zarr", tmp_path / k / "m.json") for k in models}
     params = {key: {"model": key} for key in models}  # what the job records as current
-    metrics = embed_slide_models(
-        rect_slide, "rect", rect_tiles, out, models, params, open_served=RemoteRun
+    metrics = embed_slide(
+        rect_slide, "rect", rect_tiles, out, models, params, open_served=ServedRun
     )
     features, coords, _ = load_embeddings(out["here"].zarr)
     np.testing.assert_array_equal(features, local_features[0])

@@ -10,14 +10,13 @@ import openslide
 import pandas as pd
 import pytest
 import torch
-from conftest import ChannelGrid
+from conftest import ChannelGrid, embed_one
 
 from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.aggregate.embedding_map import RANDOM_WEIGHTS_NOTE, draw_embedding_map
 from slidesnake.aggregate.encoder import encode_slide
 from slidesnake.aggregate.pooling import POOLINGS, pool_features
 from slidesnake.aggregate.slide_table import slide_features
-from slidesnake.embed.loop import embed_slide
 from slidesnake.embed.settings import EmbedSettings
 from slidesnake.embed.store import EmbeddingWriter
 from slidesnake.errors import ConfigError, ModelError
@@ -172,7 +171,7 @@ def test_the_embedding_map_of_a_real_slide_colours_stains_apart(tmp_path, shared
     make_tile_coords(*args, tmp_path / "tiles.parquet", tmp_path / "qc_tiles.png", TileParams())
     settings = EmbedSettings(model="custom", checkpoint=str(model), precision="fp32", workers=1)
     store = tmp_path / "embeddings.zarr"
-    embed_slide(slide, "cmu", tmp_path / "tiles.parquet", store, tmp_path / "m.json", settings)
+    embed_one(slide, "cmu", tmp_path / "tiles.parquet", store, tmp_path / "m.json", settings)
     draw_embedding_map(
         store, tmp_path / "tiles.parquet", tmp_path / "tissue_mask.png",
         tmp_path / "qc_mask.png", tmp_path / "embedding_map.png",

@@ -21,12 +21,12 @@ AGGREGATE = ("slidesnake.aggregate.slide_table", "slidesnake.aggregate.embedding
 # The local backend's imports: torch, timm, and torch.export's deserialiser (1.7 s of a
 # custom .pt2 program's load is importing it); the remote backend's lack torch.
 LOCAL_EMBEDDING = (
-    "slidesnake.embed.loop",
-    "slidesnake.embed.model_list",
+    "slidesnake.embed.job",
+    "slidesnake.embed.local_run",
     "timm",
     "torch._export.serde.serialize",
 )
-REMOTE_EMBEDDING = ("slidesnake.remote.loop",)
+REMOTE_EMBEDDING = ("slidesnake.embed.job", "slidesnake.remote.served_run")
 # A slide in a store: its filesystem's imports (s3fs and its AWS client: 0.3 s a job here;
 # wsidicom for a DICOM series: 0.9 s).
 STORES = {"s3": ("s3fs",), "gs": ("gcsfs",), "gcs": ("gcsfs",)}
@@ -140,73 +140,39 @@ def make_tile_coords(job: Any) -> None:
 
 
 def embed_tiles(job: Any) -> None:
-    """Claim a GPU and embed the slide's tiles or, with the remote backend, send them to
-    the inference server."""
+    """Claim a GPU where a model runs here, and embed the slide's tiles with the run's one
+    `model:` or the models of `models:` (a served model's tiles go to its server)."""
     from slidesnake.embed.gpu_slots import claim_gpu
-    from slidesnake.embed.settings import EmbedSettings, model_configs
 
     _read_slides_as_configured(job)
 
     def embed() -> None:
-        models = model_configs(job.config)
-        if models:
-            gpu = job.config["gpu"]
-            # A GPU the allocation chose (SLURM) is this job's alone; one it claims is shared.
-            shared = "CUDA_VISIBLE_DEVICES" not in os.environ
-            if any(config["model"]["backend"] == "local" for config in models.values()):
-                claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
-            _embed_models(job, models, gpu["jobs_per_gpu"] if shared else 1)
-            return
-        settings = EmbedSettings.from_config(job.config)
-        outputs = dict(
-            slide_path=job.params.slide,
-            slide_id=job.wildcards.slide_id,
-            tiles_path=job.input.tiles,
-            zarr_path=job.output.zarr,
-            metrics_path=job.output.metrics,
-            settings=settings,
-        )
-        if settings.backend == "remote":
-            from slidesnake.remote.loop import embed_slide_remote
+        from slidesnake.cohort.job_models import job_models
 
-            embed_slide_remote(**outputs)
-            return
+        models = job_models(job.config, job.output.zarr, job.output.metrics)
         gpu = job.config["gpu"]
-        claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
-        # After the claim: CUDA must start seeing only the claimed GPU (a warm
-        # interpreter has imported torch, which does not start CUDA).
-        from slidesnake.embed.loop import embed_slide
+        # A GPU the allocation chose (SLURM) is this job's alone; one it claims is shared.
+        shared = "CUDA_VISIBLE_DEVICES" not in os.environ
+        if models.local:
+            # Before CUDA starts (a warm interpreter has imported torch, which starts none).
+            claim_gpu(gpu["ids"], jobs_per_gpu=gpu["jobs_per_gpu"])
+        open_served = None
+        if models.served:
+            from slidesnake.remote.served_run import ServedRun as open_served  # httpx: only then
+        from slidesnake.embed.job import embed_slide
 
-        embed_slide(**outputs)
+        embed_slide(
+            job.params.slide,
+            job.wildcards.slide_id,
+            job.input.tiles,
+            models.outputs,
+            models.settings,
+            models.params,
+            jobs_on_gpu=gpu["jobs_per_gpu"] if shared else 1,
+            open_served=open_served,
+        )
 
     run_job(embed, log_path=job.log[0], slide_id=job.wildcards.slide_id)
-
-
-def _embed_models(job: Any, models: dict[str, dict[str, Any]], jobs_on_gpu: int) -> None:
-    """One read of the slide for every model of `models:` (in config order, as the rule
-    lists their outputs) whose outputs are not current."""
-    from pathlib import Path
-
-    from slidesnake.cohort.rule_params import embedding_params
-    from slidesnake.embed.model_list import embed_slide_models
-    from slidesnake.embed.model_outputs import ModelOutputs
-    from slidesnake.embed.settings import EmbedSettings
-
-    open_served = None
-    if any(config["model"]["backend"] == "remote" for config in models.values()):
-        from slidesnake.remote.model_run import RemoteRun as open_served  # httpx: only then
-
-    paths = zip(models, job.output.zarr, job.output.metrics, strict=True)
-    embed_slide_models(
-        slide_path=job.params.slide,
-        slide_id=job.wildcards.slide_id,
-        tiles_path=job.input.tiles,
-        outputs={key: ModelOutputs(Path(zarr), Path(metrics)) for key, zarr, metrics in paths},
-        settings={key: EmbedSettings.from_config(config) for key, config in models.items()},
-        params={key: embedding_params(config) for key, config in models.items()},
-        jobs_on_gpu=jobs_on_gpu,
-        open_served=open_served,
-    )
 
 
 def pool_slide(job: Any) -> None:

@@ -58,6 +58,11 @@ class EmbedSettings:
     backend: str = "local"  # or "remote": an inference server embeds, see `remote`
     remote: RemoteSettings | None = None
 
+    @property
+    def tiles_per_batch(self) -> int:
+        """The batch a job reads for this model: a served model's is its requests' size."""
+        return self.remote.batch_size if self.backend == "remote" else self.batch_size
+
     @classmethod
     def from_config(cls, config: Mapping[str, Mapping[str, Any]]) -> EmbedSettings:
         """Flatten the config sections into settings (model.name -> model, ...)."""

@@ -21,9 +21,8 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.tmp-*"):
-        remove_output(stale)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    _remove_stale(final)
+    tmp = _temporary(final)
     try:
         yield tmp
         remove_output(final)
@@ -55,7 +54,7 @@ class OutputSet:
         final = Path(final)
         if final not in self.members:
             raise ValueError(f"{final} is not a member of this output set")
-        tmp = final.with_name(f".{final.name}.staged-{os.getpid()}")
+        tmp = _temporary(final)
         self._staged[final] = tmp
         return tmp
 
@@ -80,11 +79,21 @@ class OutputSet:
 def output_set(members: list[Path]) -> Iterator[OutputSet]:
     """An OutputSet committed when the block succeeds, discarded when it fails."""
     for member in members:
-        for stale in Path(member).parent.glob(f".{Path(member).name}.staged-*"):
-            remove_output(stale)
+        _remove_stale(Path(member))
     outputs = OutputSet(members)
     try:
         yield outputs
         outputs.commit()
     finally:
         outputs.discard()
+
+
+def _temporary(final: Path) -> Path:
+    """Where `final` is written first: a hidden sibling named by this process."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def _remove_stale(final: Path) -> None:
+    """Temporaries of `final` that a job killed with SIGKILL left."""
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        remove_output(stale)

@@ -249,3 +249,16 @@ def test_a_remote_backend_job_imports_no_torch():
     modules = [*top, "slidesnake.cohort.rule_jobs", "slidesnake.cohort.job_models"]
     modules += ["slidesnake.embed.job", "slidesnake.remote.served_run", "slidesnake.cli"]
     assert torch_modules_after_importing(modules) == "[]"
+
+
+@pytest.mark.parametrize("room", ["embed", "remote", "slides"])
+def test_a_function_of_the_embedding_rooms_reads_in_one_screen(room):
+    """No function of the embedding job's rooms is longer than 50 lines."""
+    long = [
+        f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / room).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 50
+    ]
+    assert long == []

@@ -109,28 +109,28 @@ class _Job:
     def embed(self, places: dict[str, ModelOutputs], device, open_served, jobs_on_gpu=1):
         """The metrics of the models that finished; `failed` holds the others' errors."""
         wanted = {key: self._wanted(key) for key in self.settings}
-        local = {key: wanted[key] for key, s in self.settings.items() if s.backend == "local"}
-        self.device = self._device(local, device, jobs_on_gpu)
+        local = [key for key, s in self.settings.items() if s.backend == "local"]
+        served = [key for key in self.settings if key not in local]
+        if served and open_served is None:
+            raise ConfigError(f"models {', '.join(served)} are served, and this caller serves none")
+        self.device = self._device(local, wanted, device, jobs_on_gpu)
         with ExitStack() as job:
-            runs = self._open_served(wanted, local, open_served, job)
+            runs = self._open(served, open_served, wanted, self.slide_id, job)
             dataset = TileBatches(
                 self.slide_path, self.slide_id, self.coords, self.geometry, self.batch_size,
                 self.loader.block, self.loader.decode,
             )  # fmt: skip
             self.clock["loader"] = time.perf_counter()
             batches = job.enter_context(dataset.stream(self.loader.workers, self.loader.prefetch))
-            runs |= self._open_local(local)  # after the fork: the model loads as workers read
-            runs = {key: runs[key] for key in self.settings if key in runs}
-            self.clock["models_ready"] = time.perf_counter()
+            runs, to_device = self._open_local(runs, local, wanted, batches, dataset, job)
             if not runs:
                 return {}
             self._log_start(runs)
             stores = job.enter_context(output_set([places[key].zarr for key in runs]))
             writers = self._writers(runs, stores, places)
             timings, failed = run_models(
-                list(runs.values()), list(writers.values()), batches, self.loader,
-                self._device_feed(runs, batches, dataset.batch_shape),
-            )  # fmt: skip
+                list(runs.values()), list(writers.values()), batches, self.loader, to_device
+            )
             self._failed({list(runs)[index]: err for index, err in failed.items()})
             timings |= self._startup(timings.pop("first_batch_at"))
             slide = slide_attributes(
@@ -146,7 +146,7 @@ class _Job:
         tiles = self.geometry.size, self.geometry.target_mpp
         return spec, model_input(spec, *tiles, settings.input_size, settings.input_mpp, label)
 
-    def _device(self, local: dict, device, jobs_on_gpu: int):
+    def _device(self, local: list[str], wanted: dict, device, jobs_on_gpu: int):
         """This job's device where it runs local models (None: it runs none)."""
         if not local:
             return None
@@ -154,56 +154,43 @@ class _Job:
 
         device = device or slide_device()
         if self.listed:
-            models = {key: (spec, self.settings[key]) for key, (spec, _) in local.items()}
-            check_fits(models, device, jobs_on_gpu)
+            check_fits(
+                {key: (wanted[key][0], self.settings[key]) for key in local}, device, jobs_on_gpu
+            )
         return device
 
-    def _open_served(self, wanted: dict, local: dict, open_served, job: ExitStack) -> dict:
+    def _open_local(self, runs: dict, local: list[str], wanted, batches, dataset, job) -> tuple:
+        """After the loader's fork, so that the models load while the workers read: the
+        local models, joined to the served ones in the config's order, and what puts each
+        batch on their device."""
+        to_device = None
+        if local:
+            from slidesnake.embed.local_run import DeviceFeed, open_local
+
+            runs |= self._open(local, open_local, wanted, self.device, job)
+            shared = sum(key in runs for key in local) > 1
+            to_device = DeviceFeed(self.device, batches, dataset.batch_shape, shared)
+        self.clock["models_ready"] = time.perf_counter()
+        return {key: runs[key] for key in self.settings if key in runs}, to_device
+
+    def _open(self, keys: list[str], opener, wanted: dict, where, job: ExitStack) -> dict:
+        """Each of these models ready to embed, `opener(settings, spec, input, where)`;
+        one that cannot be opened (its weights, its server) fails alone in a list."""
         runs = {}
-        for key in (key for key in self.settings if key not in local):
-            if open_served is None:
-                model = self.settings[key].model
-                raise ConfigError(f"model '{model}' is served, and this caller serves none")
-            run = self._opened(key, open_served, self.settings[key], *wanted[key], self.slide_id)
-            if run is not None:
-                runs[key] = run
-                job.callback(run.close)
+        for key in keys:
+            try:
+                runs[key] = opener(self.settings[key], *wanted[key], where)
+            except Exception as err:
+                self._failed({key: err})
+            else:
+                job.callback(runs[key].close)
         return runs
-
-    def _open_local(self, local: dict) -> dict[str, ModelRun]:
-        if not local:
-            return {}
-        from slidesnake.embed.local_run import open_local
-
-        runs = {}
-        for key, (spec, wanted) in local.items():
-            run = self._opened(key, open_local, spec, wanted, self.settings[key], self.device)
-            if run is not None:
-                runs[key] = run
-        return runs
-
-    def _opened(self, key: str, opener: Callable[..., ModelRun], *args) -> ModelRun | None:
-        """A model ready to embed; one that cannot be opened (its weights, its server)
-        fails alone in a list."""
-        try:
-            return opener(*args)
-        except Exception as err:
-            self._failed({key: err})
-            return None
 
     def _failed(self, errors: dict[str, Exception]) -> None:
         """Record models' errors; the run's one model's error is the job's."""
         if errors and not self.listed:
             raise next(iter(errors.values()))
         self.failed |= errors
-
-    def _device_feed(self, runs: dict[str, ModelRun], batches, batch_shape):
-        local = [key for key in runs if self.settings[key].backend == "local"]
-        if not local:
-            return None
-        from slidesnake.embed.local_run import DeviceFeed
-
-        return DeviceFeed(self.device, batches, batch_shape, shared=len(local) > 1)
 
     def _writers(self, runs: dict[str, ModelRun], stores: OutputSet, places) -> dict:
         """Each model's store, in its place in the output set."""

@@ -171,7 +171,7 @@ class LocalRun:
 
 
 def open_local(
-    spec: ModelSpec, wanted: ModelInput, settings: EmbedSettings, device: torch.device
+    settings: EmbedSettings, spec: ModelSpec, wanted: ModelInput, device: torch.device
 ) -> LocalRun:
     """A model built on `device`, taking its input (`wanted`) of each tile."""
     embedder = build_embedder(

@@ -76,21 +76,18 @@ def run_models(
     to_device: Callable[[Batch], None] | None = None,
 ) -> tuple[dict[str, float], dict[int, Exception]]:
     """From the models ready to the last feature handed to the writers: each batch goes to
-    the device once (`to_device`, where local models run) and to every model.
-
-    A model that fails (its forward pass, its server, the check of its features) drops
-    out and the others go on; the loop ends early when none is left. Returns the loop's
-    timings (its wall time, the time it waited for data, when the first batch reached
-    the models, what the workers read) and the errors of the models that failed, by
-    index. An error of the loader ends the loop: it raises."""
+    the device once (`to_device`, where local models run) and to every model. A model
+    that fails (its forward pass, its server, the check of its features) drops out, the
+    others go on. Returns the loop's timings (wall time, wait for data, when the first
+    batch came, what the workers read) and the failed models' errors, by index. An error
+    of the loader ends the loop: it raises."""
     started = time.perf_counter()
     progress = Progress(writers[0].rows, settings.progress_s, settings.watchdog_s)
     results: queue.Queue = queue.Queue(maxsize=8 * len(runs))
     failed: dict[int, Exception] = {}  # written by this thread and the writer's
     drain = _Drain(results, writers, failed)
     drain.start()
-    waited, first_batch_at = 0.0, None
-    delivers = [_deliver(index, results) for index in range(len(runs))]
+    waited, first_batch_at, delivers = 0.0, None, [_deliver(i, results) for i in range(len(runs))]
     with progress:
         try:
             while len(failed) < len(runs):

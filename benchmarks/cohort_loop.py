@@ -106,6 +106,18 @@ def one_round(workdir: Path, slides: int, cores: int, warm: bool) -> dict:
     }
 
 
+def snakemake_start_s() -> float:
+    """Seconds of a Snakemake start with nothing to do (a one-rule dry run): its imports,
+    its plugins' (the SLURM plugin's `scontrol show config` where SLURM's clients are
+    installed) and its DAG, the floor under every run of the workflow."""
+    with tempfile.TemporaryDirectory() as empty:
+        Path(empty, "Snakefile").write_text("rule all:\n    shell: 'true'\n")
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1"], cwd=empty,
+                       capture_output=True, check=True)  # fmt: skip
+        return time.perf_counter() - started
+
+
 def scontrol_s() -> float | None:
     """Seconds of `scontrol show config`, which Snakemake's SLURM plugin runs at every
     start where SLURM's commands are installed: 9 s here while the test cluster is down."""
@@ -168,8 +180,10 @@ def main() -> None:
     for decode in args.decode:
         cold, warm = (median(r["wall_s"] for r in rounds[w, decode]) for w in (False, True))
         print(f"  whole cohort, loader.decode {decode}: warm {cold / warm:.2f}x faster")
+    print(f"  a Snakemake start with nothing to do (one-rule dry run): {snakemake_start_s():.1f} s")
     if (seconds := scontrol_s()) is not None:
-        print(f"  (every Snakemake start includes `scontrol show config`: {seconds:.1f} s now)")
+        print(f"  (every Snakemake start includes `scontrol show config`: {seconds:.1f} s now;")
+        print("   `slidesnake doctor` says so where no controller answers)")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
@@ -47,6 +48,12 @@ TISSUE_SHARE = 0.5
 # The width the disk estimate takes for a model whose width is known only once it runs.
 LARGEST_WIDTH = 2560
 SERVER_WAIT_S = 10.0
+# The SLURM executor plugin's wait for `scontrol show config` at every Snakemake start.
+PLUGIN_WAIT_S = 10.0
+PLUGIN_FIX = (
+    "Fix: where this machine does not submit to SLURM, uninstall the plugin "
+    "(pip uninstall snakemake-executor-plugin-slurm; it is the extra slidesnake[slurm])"
+)
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,8 @@ def openslide_check(module: str = "openslide") -> list[Finding]:
 
 
 def snakemake_check(slurm: bool, sinfo: str = "sinfo") -> list[Finding]:
-    """Snakemake and its executor plugins; with the SLURM profile, the cluster's answer."""
+    """Snakemake and its executor plugins, and what the SLURM plugin costs each start; with
+    the SLURM profile, the cluster's answer."""
     executors = sorted(
         d.metadata["Name"].removeprefix("snakemake-executor-plugin-")
         for d in metadata.distributions()
@@ -183,6 +191,8 @@ def snakemake_check(slurm: bool, sinfo: str = "sinfo") -> list[Finding]:
     findings = [
         Finding("OK", "snakemake", f"Snakemake {metadata.version('snakemake')}; executors: {shown}")
     ]
+    if "slurm" in executors:
+        findings += slurm_plugin_check()
     if not slurm:
         return findings
     if "slurm" not in executors:
@@ -193,6 +203,41 @@ def snakemake_check(slurm: bool, sinfo: str = "sinfo") -> list[Finding]:
             ),
         ]
     return [*findings, _slurm_finding(sinfo)]
+
+
+def slurm_plugin_check(path: str | None = None) -> list[Finding]:
+    """What the SLURM executor plugin does at every Snakemake start, a local run's too,
+    where SLURM's clients are installed (`path`: where to look for them, else PATH): it
+    refuses to start where `sinfo` is found without `sacct` or `squeue`, and it asks the
+    controller for its config (`scontrol show config`, up to 10 s) before anything runs."""
+    found = {tool: shutil.which(tool, path=path) for tool in ("sinfo", "sacct", "squeue")}
+    if found["sinfo"] is None:
+        return []
+    if found["sacct"] is None and found["squeue"] is None:
+        return [Finding("FAIL", "slurm-plugin", (
+            f"{found['sinfo']} is installed without sacct or squeue, and the SLURM executor "
+            f"plugin then stops every Snakemake start, a local one's too. {PLUGIN_FIX}, or "
+            "install SLURM's client commands in full"
+        ))]  # fmt: skip
+    scontrol = shutil.which("scontrol", path=path) or "scontrol"
+    started = time.perf_counter()
+    try:
+        answer = subprocess.run(
+            [scontrol, "show", "config"], capture_output=True, text=True, timeout=PLUGIN_WAIT_S
+        )
+        said = (answer.stderr.strip().splitlines() or ["no message"])[-1]
+        answered = answer.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as err:
+        said, answered = str(err), False
+    waited = time.perf_counter() - started
+    if answered:
+        return [Finding("OK", "slurm-plugin", f"the SLURM controller answers in {waited:.1f} s")]
+    return [Finding("NOTE", "slurm-plugin", (
+        f"SLURM's clients are installed and no controller answers ({said}): every Snakemake "
+        f"start, a local one's too, waits {waited:.1f} s for it here (up to "
+        f"{PLUGIN_WAIT_S:g} s). {PLUGIN_FIX}, or start slurmctld or set SLURM_CONF to a "
+        "cluster that answers"
+    ))]  # fmt: skip
 
 
 def _slurm_finding(sinfo: str) -> Finding:

@@ -5,6 +5,8 @@ driver, and fp16/bf16 tried on it) need a GPU: benchmarks/gpu_check.sh runs the 
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +80,9 @@ def test_openslide_that_cannot_load_fails():
 
 
 def test_slurm_that_does_not_answer_fails(tmp_path, monkeypatch):
-    assert [f.check for f in doctor.snakemake_check(slurm=False)] == ["snakemake"]
+    # Without the SLURM profile no cluster is asked (the plugin's own start cost aside).
+    checks = [f.check for f in doctor.snakemake_check(slurm=False)]
+    assert checks[0] == "snakemake" and "slurm" not in checks
     missing = doctor.snakemake_check(slurm=True, sinfo=str(tmp_path / "sinfo"))[-1]
     assert missing.status == "FAIL" and "sinfo did not answer" in missing.message
     if subprocess.run(["which", "sinfo"], capture_output=True).returncode != 0:
@@ -90,6 +94,37 @@ def test_slurm_that_does_not_answer_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(conf))
     finding = doctor.snakemake_check(slurm=True)[-1]
     assert finding.status == "FAIL" and "SLURM does not answer" in finding.message
+
+
+def test_the_slurm_plugins_cost_at_every_start_is_said_with_its_fix(tmp_path, monkeypatch):
+    """Where SLURM's clients are installed, the SLURM executor plugin runs at every
+    Snakemake start: doctor says what it costs, and when it will stop Snakemake, which a
+    real start then confirms."""
+    if shutil.which("sinfo") is None or shutil.which("scontrol") is None:
+        pytest.skip("no SLURM commands here")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=none\nSlurmctldHost=localhost\nSlurmctldPort=9\n"
+                    "MessageTimeout=1\nNodeName=n0 CPUs=1\nPartitionName=p Nodes=n0\n")  # fmt: skip
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    stalled = only(doctor.slurm_plugin_check())
+    assert stalled.status == "NOTE" and "no controller answers" in stalled.message
+    assert "every Snakemake start" in stalled.message and " s for it here" in stalled.message
+    assert "pip uninstall snakemake-executor-plugin-slurm" in stalled.message
+    # sinfo without sacct and squeue, as on a machine with part of SLURM's clients.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sinfo", "which"):
+        (bare / tool).symlink_to(shutil.which(tool))
+    refused = only(doctor.slurm_plugin_check(path=str(bare)))
+    assert refused.status == "FAIL" and "without sacct or squeue" in refused.message
+    assert "pip uninstall snakemake-executor-plugin-slurm" in refused.message
+    (tmp_path / "Snakefile").write_text("rule all:\n    shell: 'true'\n")
+    start = [sys.executable, "-m", "snakemake", "-n", "--cores", "1"]
+    for path, starts in ((str(bare), False), (os.environ["PATH"], True)):
+        env = {**os.environ, "PATH": f"{path}:{Path(sys.executable).parent}"}
+        run = subprocess.run(start, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert (run.returncode == 0) is starts, run.stderr[-2000:]
+        assert starts or "Neither 'sacct' nor 'squeue'" in run.stderr
 
 
 def test_weights_lines(project, tmp_path, monkeypatch):

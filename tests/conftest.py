@@ -4,11 +4,13 @@ helper that runs the real workflow in a scratch directory."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tifffile
 import torch
 import yaml
 
@@ -104,6 +106,21 @@ def embed_one(slide, slide_id: str, tiles, zarr, metrics, settings, **options) -
     """The run's one model (a list of one) embedding `slide`: its metrics."""
     outputs = {ONE_MODEL: ModelOutputs(Path(zarr), Path(metrics))}
     return embed_slide(slide, slide_id, tiles, outputs, {ONE_MODEL: settings}, **options)[ONE_MODEL]
+
+
+def corrupted_copy(slide: Path, out: Path, x: int, y: int) -> Path:
+    """A copy of `slide` whose level-0 compressed tile under (x, y) is all zeros."""
+    copy = out / f"corrupt-{slide.name}"
+    shutil.copy(slide, copy)
+    with tifffile.TiffFile(copy) as tiff:
+        page = tiff.pages[0]
+        across = -(-page.imagewidth // page.tilewidth)
+        index = y // page.tilelength * across + x // page.tilewidth
+        offset, count = page.dataoffsets[index], page.databytecounts[index]
+    with copy.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(count))
+    return copy
 
 
 def write_sheet(path: Path, rows: list[tuple]) -> Path:

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, Workflow
+import yaml
+from conftest import RECT_SLIDE, REPO, Workflow, corrupted_copy
 
 from slidesnake import load_embeddings
 from slidesnake.tiling.tile_table import read_tiles
@@ -133,24 +134,77 @@ def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
         np.testing.assert_allclose(slurm_features, local_features, atol=2e-3)
 
 
-def test_a_job_no_node_can_run_is_reported_and_cancelled(tmp_path, blob_slide):
+def test_the_gpu_stage_goes_as_an_array_and_a_failed_element_reruns_alone(
+    tmp_path, rect_slide, blob_slide
+):
+    """The embedding of the slides that become ready together is one `sbatch --array`,
+    one element per slide; a slide whose embedding fails (a corrupt tile under tissue,
+    which masking and tiling never read) fails its element alone, and the next run
+    submits only that slide's embedding, which then equals its twin's."""
+    centre = (RECT_SLIDE["width"] // 2, RECT_SLIDE["height"] // 2)
+    broken = corrupted_copy(rect_slide, tmp_path, *centre)
+    stamp = broken.stat().st_mtime_ns
+    on_slurm = Workflow(tmp_path / "slurm")
+    on_slurm.sheet([("rect", rect_slide), ("blobs", blob_slide), ("broken", broken)])
+    profile = ["--profile", str(REPO / "profiles" / "slurm"), *FAST_POLLING, "--retries", "0"]
+
+    since = now()
+    assert on_slurm.run(*profile, check=False).returncode != 0
+    assert statuses(on_slurm) == {"rect": "done", "blobs": "done", "broken": "failed"}
+    jobs = sacct_jobs(since)
+    elements = [job for job in jobs.index if "_" in job]  # <array>_<element>
+    assert len({job.split("_")[0] for job in elements}) == 1, "one array submission"
+    assert sorted(jobs.loc[elements, "state"]) == ["COMPLETED", "COMPLETED", "FAILED"]
+    assert all("gres/gpu=1" in jobs.loc[job, "tres"] for job in elements)
+    assert len(jobs) == 1 + len(elements), "and one submission of the CPU stages"
+    assert "could not be decoded" in on_slurm.log("broken", "embed_tiles")
+
+    shutil.copy(rect_slide, broken)  # mended, its old modification time kept
+    os.utime(broken, ns=(stamp, stamp))
+    masks = {
+        slide: on_slurm.result(slide, "tissue_mask.png").stat().st_mtime_ns
+        for slide in ("rect", "broken")
+    }
+    shutil.rmtree(on_slurm.dir / ".snakemake" / "slurm_logs")
+    since = now()
+    on_slurm.run(*profile)
+    assert statuses(on_slurm) == {"rect": "done", "blobs": "done", "broken": "done"}
+    embedded = [job for job, kind in slurm_logs(on_slurm.dir).items() if kind == "rule_embed_tiles"]
+    assert len(embedded) == 1, "the broken slide's embedding alone, then the pooling batch"
+    assert set(sacct_jobs(since)["state"]) == {"COMPLETED"}
+    assert {
+        slide: on_slurm.result(slide, "tissue_mask.png").stat().st_mtime_ns for slide in masks
+    } == masks
+    twin, coords, _ = load_embeddings(on_slurm.result("rect", "embeddings.zarr"))
+    mended, mended_coords, _ = load_embeddings(on_slurm.result("broken", "embeddings.zarr"))
+    np.testing.assert_array_equal(mended_coords, coords)
+    np.testing.assert_array_equal(mended, twin)
+
+
+def test_a_job_no_node_can_run_is_reported_and_cancelled(tmp_path, blob_slide, rect_slide):
     """More loader workers than the node has CPUs: SLURM would keep the job pending
-    forever; the run reports it with the setting to change, and ends."""
+    forever; the run reports it with the setting to change, and ends. The two slides'
+    embedding is one array: each element is reported under its own slide."""
     cpus = os.cpu_count()  # the node's, as slurm.conf has it (nproc follows OMP_NUM_THREADS)
     on_slurm = Workflow(tmp_path / "slurm")
-    on_slurm.sheet([("blobs", blob_slide)])
+    on_slurm.sheet([("blobs", blob_slide), ("rect", rect_slide)])
+    # In the config file: an array's --wrap breaks on a quoted --config (profiles/slurm).
+    config = on_slurm.dir / "config" / "config.yaml"
+    settings = yaml.safe_load(config.read_text())
+    settings["loader"]["workers"], settings["slurm"]["check_pending_s"] = cpus, 5
+    config.write_text(yaml.safe_dump(settings))
     started = time.monotonic()
     result = on_slurm.run(
         "--profile", str(REPO / "profiles" / "slurm"), *FAST_POLLING, "--retries", "0",
-        "--config", f"loader={{'workers': {cpus}}}", "slurm={'check_pending_s': 5}",
         "--cores", "64",  # as the profile runs: the local --cores would cap the job's threads
         check=False,
     )  # fmt: skip
     assert result.returncode != 0
     assert time.monotonic() - started < 240, "reported within minutes, not waited on"
-    reason = pd.read_csv(on_slurm.dir / "results" / "cohort.tsv", sep="\t").loc[0, "reason"]
-    assert (
-        reason.startswith("SLURM job ") and "(embed_tiles, slide 'blobs') can never start" in reason
-    )
-    assert f"asks for {cpus + 1} CPUs" in reason and "lower loader.workers" in reason
-    assert reason in result.stderr
+    reasons = pd.read_csv(on_slurm.dir / "results" / "cohort.tsv", sep="\t", index_col=0)
+    for slide_id in ("blobs", "rect"):
+        reason = reasons.loc[slide_id, "reason"]
+        assert reason.startswith("SLURM job ")
+        assert f"(embed_tiles, slide '{slide_id}') can never start" in reason
+        assert f"asks for {cpus + 1} CPUs" in reason and "lower loader.workers" in reason
+        assert reason in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 from slidesnake.cluster.stuck_jobs import (
     PendingJob,
     Request,
+    from_comment,
     never_starts,
     parse_tres,
     slide_log_report,
@@ -20,7 +21,7 @@ NODES = {
 
 def job(partition: str, tres: str, reason: str = "Resources", comment: str = "") -> PendingJob:
     comment = comment or "rule_embed_tiles_wildcards_TCGA_A1_01"
-    return PendingJob("77", partition, reason, parse_tres(tres), comment)
+    return PendingJob("77", partition, reason, parse_tres(tres), *from_comment(comment))
 
 
 def test_tres_in_every_unit_slurm_writes():

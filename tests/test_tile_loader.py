@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import openslide
 import pytest
-import tifffile
+from conftest import corrupted_copy
 
 from slidesnake.errors import LoaderWorkerError, SlideReadError
 from slidesnake.loader.batch_ring import ORPHAN_CHECK_S, BatchRing
@@ -202,21 +201,6 @@ def test_a_batch_stays_intact_while_the_workers_read_ahead(tmp_path, slide_40x):
 
 def loader_processes() -> list[multiprocessing.Process]:
     return [p for p in multiprocessing.active_children() if p.name.startswith("slidesnake-loader")]
-
-
-def corrupted_copy(slide: Path, out: Path, x: int, y: int) -> Path:
-    """A copy of `slide` whose level-0 compressed tile under (x, y) is all zeros."""
-    copy = out / f"corrupt-{slide.name}"
-    shutil.copy(slide, copy)
-    with tifffile.TiffFile(copy) as tiff:
-        page = tiff.pages[0]
-        across = -(-page.imagewidth // page.tilewidth)
-        index = y // page.tilelength * across + x // page.tilewidth
-        offset, count = page.dataoffsets[index], page.databytecounts[index]
-    with copy.open("r+b") as f:
-        f.seek(offset)
-        f.write(bytes(count))
-    return copy
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -9,10 +9,13 @@ other, so the rest of the cohort goes on.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,9 @@ from slidesnake.errors import ClusterQueryError
 
 # Reasons that no amount of waiting clears: the partition's own limits.
 PARTITION_LIMITS = {"PartitionTimeLimit", "PartitionNodeLimit"}
-QUEUE_FIELDS = ["JobID", "Partition", "Reason", "tres-alloc", "Comment", "WorkDir"]
+QUEUE_FIELDS = [
+    "JobID", "ArrayJobID", "ArrayTaskID", "Partition", "Reason", "tres-alloc", "Comment", "WorkDir",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,21 +43,38 @@ class Request:
 
 @dataclass(frozen=True)
 class PendingJob:
-    job_id: str
+    job_id: str  # an array's element: <array>_<element>
     partition: str
     reason: str
     request: Request
-    comment: str  # the SLURM plugin's "rule_<rule>_wildcards_<values>"
+    rule: str
+    slide_id: str | None  # a per-slide job's (the workflow's one wildcard); None: a group
 
-    @property
-    def rule(self) -> str:
-        return self.comment.removeprefix("rule_").split("_wildcards_")[0]
 
-    @property
-    def slide_id(self) -> str | None:
-        """The slide of a per-slide job (the workflow's one wildcard); None for a group."""
-        _, _, wildcards = self.comment.partition("_wildcards_")
-        return wildcards or None
+def from_comment(comment: str) -> tuple[str, str | None]:
+    """The rule and the slide in the SLURM plugin's comment, 'rule_<rule>_wildcards_<values>'
+    (a group's: 'rule_<group>_<rules>', no slide). An array's names its first slide only."""
+    rule, _, slide = comment.removeprefix("rule_").partition("_wildcards_")
+    return rule, slide or None
+
+
+def array_slides(array_id: str) -> dict[str, str]:
+    """Each element of an array (by its task id) -> its slide, from the submission's
+    script (sbatch's stdin, or its --wrap): the SLURM plugin (2.6 on) runs the first
+    element's job as the script's command, and gives each other element its own in the
+    script's --slurm-jobstep-array-execs (base64 of JSON, element -> zlib-compressed)."""
+    script = _slurm(["scontrol", "write", "batch_script", array_id, "-"])
+    payload = re.search(r"--slurm-jobstep-array-execs[=\s]+'?([A-Za-z0-9+/=]+)", script)
+    execs = json.loads(base64.b64decode(payload.group(1))) if payload else {}
+    commands = {task: zlib.decompress(bytes.fromhex(code)).decode() for task, code in execs.items()}
+    first = min(map(int, execs), default=2) - 1  # the script's own element
+    commands[str(first)] = script
+    return {task: found.group(1) for task, command in commands.items()
+            if (found := _TARGET_SLIDE.search(command))}  # fmt: skip
+
+
+# How a job's command names its slide: --target-jobs '<rule>:slide_id=<id>'.
+_TARGET_SLIDE = re.compile(r"slide_id=([^\s',\"]+)")
 
 
 def parse_tres(tres: str) -> Request:
@@ -73,14 +95,21 @@ def _megabytes(size: str) -> int:
 
 
 def pending_jobs(workdir: Path) -> list[PendingJob]:
-    """This user's pending jobs that were submitted from `workdir` (this run's)."""
+    """This user's pending jobs that were submitted from `workdir` (this run's), an
+    array's elements each on its own."""
     columns = ",".join(f"{field}:|" for field in QUEUE_FIELDS)
-    listing = _slurm(["squeue", "--me", "--noheader", "--states=PENDING", "-O", columns])
-    jobs = []
-    for line in listing.splitlines():
-        job_id, partition, reason, tres, comment, job_dir, *_ = line.split("|")
-        if Path(job_dir) == workdir and comment.startswith("rule_"):
-            jobs.append(PendingJob(job_id, partition, reason, parse_tres(tres), comment))
+    command = ["squeue", "--me", "--noheader", "--array", "--states=PENDING", "-O", columns]
+    jobs, arrays = [], {}
+    for line in _slurm(command).splitlines():
+        job_id, array_id, task, partition, reason, tres, comment, job_dir, *_ = line.split("|")
+        if Path(job_dir) != workdir or not comment.startswith("rule_"):
+            continue
+        rule, slide = from_comment(comment)
+        if task.strip() not in ("", "N/A"):
+            if array_id not in arrays:
+                arrays[array_id] = array_slides(array_id)
+            slide, job_id = arrays[array_id].get(task.strip()), f"{array_id}_{task.strip()}"
+        jobs.append(PendingJob(job_id, partition, reason, parse_tres(tres), rule, slide))
     return jobs
 
 

@@ -101,9 +101,13 @@ def test_the_slurm_profile_batches_cpu_stages_and_isolates_a_bad_slide(
     ran = slurm_logs(on_slurm.dir)
     assert set(ran) == set(jobs.index), "every job went through sbatch and sacct knows it"
     after_embedding = [kind for kind in ran.values() if kind.startswith("group_slide_features")]
-    assert sorted(kind for kind in ran.values() if kind not in after_embedding) == [
-        "group_cpu_stages", "rule_embed_tiles", "rule_embed_tiles", "rule_make_tissue_mask"
+    # The batch's other slides' CPU stages again only where they had not finished when
+    # the bad slide failed the batch (keep-incomplete keeps what had: profiles/slurm).
+    kinds = sorted(kind for kind in ran.values() if kind not in after_embedding)
+    assert [k for k in kinds if k != "group_cpu_stages"] == [
+        "rule_embed_tiles", "rule_embed_tiles", "rule_make_tissue_mask"
     ]  # fmt: skip
+    assert kinds.count("group_cpu_stages") <= 1
     # pooling and the map of both slides: one batch, or two if one embedding ends early
     assert 1 <= len(after_embedding) <= 2
     for job, kind in ran.items():

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 
 from slidesnake.cohort.demo import write_demo_slides
@@ -145,72 +145,29 @@ def _settings(args: argparse.Namespace) -> EmbedSettings:
 
 
 def _embed(args: argparse.Namespace) -> None:
-    out = Path(args.outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.models:
-        _embed_models(args, out)
-        return
-    from slidesnake.embed.job import ONE_MODEL, embed_slide
-    from slidesnake.embed.model_outputs import ModelOutputs
-
-    settings = _settings(args)
-    open_served = None
-    if args.url:
-        from slidesnake.remote.served_run import ServedRun as open_served
-
-        remote = RemoteSettings(
-            url=args.url,
-            model=args.server_model or "slidesnake",
-            max_concurrency=args.max_concurrency,
-            batch_size=args.batch_size,
-            token_env=args.token_env,
-        )
-        settings = replace(settings, backend="remote", remote=remote)
-    embed_slide(
-        args.slide,
-        Path(args.slide).stem,
-        args.tiles,
-        {ONE_MODEL: ModelOutputs(out / "embeddings.zarr", out / "metrics.json")},
-        {ONE_MODEL: settings},
-        open_served=open_served,
-    )
-
-
-def _embed_models(args: argparse.Namespace, out: Path) -> None:
-    """`embed --models FILE`: every model of the file from one read of the slide, each
-    checked against the tiles as the workflow checks it; the model options of the
-    command line are each entry's defaults, a served entry's `remote:` its server."""
-    import yaml
-
+    """One slide's embeddings, as the workflow's job makes them: the command line's model
+    (on its server with --url), or every model of --models from one read of the slide,
+    each checked against the tiles; the command line's model options are each entry's
+    defaults, a served entry's `remote:` its server."""
     from slidesnake.cohort.job_models import job_models
     from slidesnake.embed.job import embed_slide
     from slidesnake.embed.settings import model_configs
-    from slidesnake.errors import ConfigError
     from slidesnake.models.registry import check_model_config
     from slidesnake.remote.served_run import ServedRun
     from slidesnake.tiling.tile_table import read_tiles
 
-    entries = yaml.safe_load(args.models.read_text())
-    entries = entries.get("models", entries) if isinstance(entries, dict) else None
-    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
-        raise ConfigError(f"{args.models} is not a mapping of model keys to model sections")
-    base = _settings(args)
-    model = {"name": base.model, "checkpoint": base.checkpoint, "weights": base.weights,
-             "precision": base.precision, "batch_size": base.batch_size}  # fmt: skip
-    remote = {"url": None, "model": None}
-    remote |= {f.name: f.default for f in fields(RemoteSettings) if f.name not in remote}
-    for entry in entries.values():
-        entry |= {"remote": remote | entry["remote"]} if "remote" in entry else {}
-    config = {
-        "models": {key: model | entry for key, entry in entries.items()}, "remote": remote,
-        "loader": {"workers": base.workers}, "output": {"dtype": base.output_dtype},
-    }  # fmt: skip
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = _embed_config(args)
     geometry = read_tiles(args.tiles)[1]
     for key, listed in model_configs(config).items():
         tiles = {"size": geometry.size, "mpp": geometry.target_mpp}
         check_model_config(listed["model"], tiles, listed["remote"], key)
-    zarrs = [out / key / "embeddings.zarr" for key in entries]
-    models = job_models(config, zarrs, [zarr.with_name("metrics.json") for zarr in zarrs])
+    zarr, metrics = out / "embeddings.zarr", out / "metrics.json"
+    if "models" in config:  # each model's outputs in a folder of its key
+        zarr = [out / key / zarr.name for key in config["models"]]
+        metrics = [store.with_name(metrics.name) for store in zarr]
+    models = job_models(config, zarr, metrics)
     embed_slide(
         args.slide,
         Path(args.slide).stem,
@@ -220,6 +177,35 @@ def _embed_models(args: argparse.Namespace, out: Path) -> None:
         models.params,
         open_served=ServedRun,
     )
+
+
+def _embed_config(args: argparse.Namespace) -> dict:
+    """The config sections the command line says, with --models's entries as `models:`."""
+    import yaml
+
+    from slidesnake.errors import ConfigError
+
+    model = {"name": args.model, "checkpoint": args.checkpoint, "weights": args.weights,
+             "precision": args.precision, "batch_size": args.batch_size,
+             "backend": "remote" if args.url else "local"}  # fmt: skip
+    remote = {f.name: f.default for f in fields(RemoteSettings) if f.name not in ("url", "model")}
+    remote |= {"url": args.url, "model": args.server_model or "slidesnake",
+               "max_concurrency": args.max_concurrency, "batch_size": args.batch_size,
+               "token_env": args.token_env}  # fmt: skip
+    config = {
+        "model": model, "remote": remote,
+        "loader": {"workers": args.workers, "decode": args.decode},
+        "output": {"dtype": args.output_dtype},
+    }  # fmt: skip
+    if args.models is None:
+        return config
+    entries = yaml.safe_load(args.models.read_text())
+    entries = entries.get("models", entries) if isinstance(entries, dict) else None
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise ConfigError(f"{args.models} is not a mapping of model keys to model sections")
+    for entry in entries.values():
+        entry |= {"remote": remote | entry["remote"]} if "remote" in entry else {}
+    return config | {"models": {key: model | entry for key, entry in entries.items()}}
 
 
 def _add_weights_commands(commands: argparse._SubParsersAction) -> None:

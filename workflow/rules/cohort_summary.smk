@@ -14,21 +14,32 @@ COHORT_FILES = {
 def summarize_cohort():
     """results/cohort.tsv, cohort.html and cohort_gallery.jpg after every run, whether
     slides failed or not: what happened in this run, from the logs of its jobs, and what
-    is on disk for the others."""
-    table = write_cohort_summary(
-        samples.index,
-        "results",
-        "logs/slides",
-        RUN_STARTED,
-        models=MODELS,
-        head_model=config["head"]["model"] or "",
-    )
+    is on disk (or in the default storage) for the others."""
+    with cohort_folder() as folder:
+        table = write_cohort_summary(
+            samples.index,
+            folder / "results",
+            folder / "logs" / "slides",
+            RUN_STARTED,
+            models=MODELS,
+            head_model=config["head"]["model"] or "",
+        )
     counts = table["status"].value_counts()
     logger.info(
         f"cohort{' (slides x models)' if MODELS else ''}: "
         + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "pending"))
         + " (results/cohort.tsv)"
     )
+
+
+def cohort_folder():
+    """The working directory, or a copy of what the summary reads from the outputs in
+    storage (--default-storage-provider), stored back when the summary is written."""
+    provider = workflow.storage_registry.default_storage_provider
+    if provider is None:
+        return contextlib.nullcontext(Path())
+    prefix = workflow.storage_settings.default_storage_prefix.rstrip("/")
+    return stored_cohort(provider, prefix)
 
 
 def cohort_report():

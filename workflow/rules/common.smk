@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from slidesnake.cohort.samples import (
     read_sample_sheet,
     sheet_warnings,
 )
+from slidesnake.cohort.stored_summary import stored_cohort
 from slidesnake.cohort.summary import (
     COHORT_SLIDES,
     failed_slides,
@@ -103,21 +105,25 @@ def model_log(rule):
 def embedding_outputs():
     """The embedding job's outputs: the store and metrics of each model. With several
     models they are flagged `update`: Snakemake then leaves in place (and restores, if
-    the job fails) the outputs of the models the job finds current and does not redo."""
+    the job fails) the outputs of the models the job finds current and does not redo.
+    Not with a default storage provider, whose update outputs Snakemake 9 never fetches
+    (it fails backing them up): there a job embeds every model of its list."""
     if not MODELS:
         return {
             "zarr": directory(model_output("embeddings.zarr")),
             "metrics": model_output("metrics.json"),
         }
-    return {
-        "zarr": [update(directory(model_output("embeddings.zarr", k))) for k in MODELS],
-        "metrics": [update(model_output("metrics.json", k)) for k in MODELS],
-    }
+    zarrs = [directory(model_output("embeddings.zarr", key)) for key in MODELS]
+    metrics = [model_output("metrics.json", key) for key in MODELS]
+    if workflow.storage_settings.default_storage_provider is None:
+        zarrs, metrics = [update(p) for p in zarrs], [update(p) for p in metrics]
+    return {"zarr": zarrs, "metrics": metrics}
 
 
 def embedding_inputs():
-    """With several models, the model cards: a changed or added card re-runs the jobs."""
-    return {"models": MODEL_CARDS} if MODELS else {}
+    """With several models, the model cards: a changed or added card re-runs the jobs.
+    They are written where Snakemake runs, not to a default storage provider."""
+    return {"models": local(MODEL_CARDS)} if MODELS else {}
 
 
 def embedding_job_params():
@@ -173,9 +179,10 @@ def slide_file(wildcards):
 def slide_input(wildcards):
     """The slide as an input when it is a local file that exists: a missing one fails its
     own job, not the DAG. A slide in a store is read in place, never an input file (no
-    storage plugin downloads it); its identity is a param."""
+    storage plugin downloads it); its identity is a param. A local slide stays local
+    when outputs go to a default storage provider (--default-storage-provider)."""
     path = slide_file(wildcards)
-    return path if not is_url(path) and Path(path).exists() else []
+    return local(path) if not is_url(path) and Path(path).exists() else []
 
 
 def slide_storage_io(wildcards):

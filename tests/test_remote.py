@@ -28,6 +28,7 @@ import yaml
 from conftest import REPO, embed_one
 from safetensors.torch import save_file
 
+from slidesnake.cli import main
 from slidesnake.embed.job import embed_slide
 from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.embed.settings import EmbedSettings, RemoteSettings
@@ -226,6 +227,23 @@ def test_slidesnake_serve_gives_the_local_backends_features(
     assert metrics["backend"] == "remote" and metrics["tiles"] == len(coords) == 80
     assert metrics["requests"] >= 10 and metrics["latency_p50_s"] > 0
     assert metrics["retries"] == 0 and metrics["server_model_versions"] == ["1"]
+
+
+def test_the_command_line_embeds_on_a_server_as_the_job_does(
+    tmp_path, rect_slide, rect_tiles, uint8_server, local_features
+):
+    """`slidesnake embed --url`: the served model's features, recorded as served."""
+    main(
+        ["embed", str(rect_slide), str(rect_tiles), str(tmp_path), "--url", uint8_server.url,
+         "--server-model", "test_vit", "--model", "timm:test_vit", "--precision", "fp32",
+         "--output-dtype", "float32", "--batch-size", "8", "--max-concurrency", "2"]
+    )  # fmt: skip
+    features, coords, attrs = load_embeddings(tmp_path / "embeddings.zarr")
+    np.testing.assert_array_equal(coords, local_features[1])
+    np.testing.assert_allclose(features, local_features[0], rtol=1e-4, atol=1e-4)
+    assert attrs["backend"] == "remote" and attrs["server_model"] == "test_vit"
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["tiles"] == 80 and metrics["requests"] >= 10  # batches of 8
 
 
 def test_a_normalised_fp32_server_gives_the_local_backends_features(

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 
 import pandas as pd
 from PIL import Image
 
 from slidesnake.cohort.gallery import CELL_PX, GALLERY_SLIDES, gallery_rows, write_gallery
-from slidesnake.cohort.summary import cohort_html
+from slidesnake.cohort.page import cohort_page, headline
 
 
 def table(statuses: list[str]) -> pd.DataFrame:
     ids = [f"s{i:05d}" for i in range(len(statuses))]
-    return pd.DataFrame({"slide_id": ids, "status": statuses, "tiles": 1, "wall_s": 1.0})
+    columns = {"tiles": 1, "wall_s": 1.0, "loader_wait_fraction": 0.1}
+    return pd.DataFrame({"slide_id": ids, "status": statuses, **columns})
 
 
 def test_gallery_shows_failed_slides_first_then_an_even_spread_of_the_rest():
@@ -47,10 +49,22 @@ def test_gallery_draws_pictures_on_disk_and_marks_slides_without_one(tmp_path):
         assert pixels[CELL_PX + CELL_PX // 2, CELL_PX // 2][1] < 60  # the magenta picture
 
 
-def test_cohort_page_links_only_pictures_on_disk_and_escapes_ids(tmp_path):
+def test_cohort_page_lists_only_pictures_on_disk_and_escapes_ids(tmp_path):
     (tmp_path / "slides" / "a&b").mkdir(parents=True)
     (tmp_path / "slides" / "a&b" / "qc_mask.png").write_bytes(b"")
-    page = cohort_html(table(["done", "failed"]).assign(slide_id=["a&b", "c"]), tmp_path)
-    assert '<a href="slides/a%26b/qc_mask.png">mask</a>' in page
-    assert "<td>a&amp;b</td>" in page and "qc_tiles" not in page
-    assert "1 of 2 slides done" in page
+    failed = table(["failed", "done"]).assign(slide_id=["a&b", "</script>"], reason=["bad", ""])
+    page = cohort_page(failed, tmp_path, {})
+    data = page[page.index('id="rows">') + 10 : page.index("</script>", page.index('id="rows">'))]
+    rows = json.loads(data)
+    assert rows[0]["pictures"] == ["qc_mask.png"] and rows[1]["pictures"] == []
+    assert rows[1]["slide_id"] == "</script>"  # kept whole, and not ending the script
+    assert "<b>a&amp;b</b>: bad" in page
+    assert "<b>1</b> of 2 slides done" in page and "<b>1</b> failed" in page
+
+
+def test_the_headline_says_what_held_the_run_up():
+    slow_reader = table(["done"] * 3).assign(loader_wait_fraction=[0.5, 0.4, 0.1])
+    assert "loader wait <b>40%</b> of a job: the reader was the bottleneck" in headline(slow_reader)
+    busy_gpu = slow_reader.assign(loader_wait_fraction=0.01)
+    assert "the GPU (the model) was the bottleneck" in headline(busy_gpu)
+    assert "<b>1</b> tiles/s" in headline(busy_gpu)

@@ -175,7 +175,7 @@ def test_the_cohort_files_follow_the_sheet_even_with_nothing_to_do(workflow, tmp
     workflow.run()
     assert list(cohort(workflow)["slide_id"]) == ids[:2]
     assert list(pd.read_parquet(results / "slide_features.parquet")["slide_id"]) == ids[:2]
-    assert "2 of 2 slides done" in (results / "cohort.html").read_text()
+    assert "<b>2</b> of 2 slides done" in (results / "cohort.html").read_text()
     # A summary killed half-way (its list of slides is written last) is written again.
     (results / ".cohort_slides.txt").unlink()
     (results / "cohort.tsv").write_text("slide_id\tstatus\ng3\tdone\n")
@@ -187,4 +187,4 @@ def test_the_cohort_files_follow_the_sheet_even_with_nothing_to_do(workflow, tmp
     workflow.run()
     assert cohort(workflow).empty
     assert pd.read_parquet(results / "slide_features.parquet").empty
-    assert "0 of 0 slides done" in (results / "cohort.html").read_text()
+    assert "<b>0</b> of 0 slides done" in (results / "cohort.html").read_text()

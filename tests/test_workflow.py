@@ -41,7 +41,7 @@ def test_cohort_runs_then_reruns_only_what_changed(workflow, rect_slide, blob_sl
         assert metrics["tiles"] == len(tiles)
     assert len(read_tiles(workflow.result("rect", "tiles.parquet"))[0]) == 80
     cohort = (workflow.dir / "results" / "cohort.html").read_text()
-    assert "2 of 2 slides done" in cohort and "<td>rect</td>" in cohort
+    assert "<b>2</b> of 2 slides done" in cohort and '"slide_id": "rect"' in cohort
     assert "embedding_map.png" in cohort
     slide_features = pd.read_parquet(workflow.dir / "results" / "slide_features.parquet")
     assert list(slide_features["slide_id"]) == ["rect", "blobs"]  # a row per done slide

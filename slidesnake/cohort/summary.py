@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from html import escape
 from pathlib import Path
-from urllib.parse import quote
 
 import pandas as pd
 
@@ -27,8 +25,9 @@ from slidesnake.aggregate.cohort_features import (
 )
 from slidesnake.aggregate.cohort_projection import draw_cohort_projection
 from slidesnake.atomic import OutputSet, atomic_output, output_set
-from slidesnake.cohort.gallery import EMBEDDING_MAP, QC_PICTURES, write_gallery
+from slidesnake.cohort.gallery import EMBEDDING_MAP, write_gallery
 from slidesnake.cohort.jobs import JOB_DONE
+from slidesnake.cohort.page import COHORT_PICTURES, cohort_page
 from slidesnake.embed.model_outputs import ModelOutputs
 from slidesnake.tiling.tile_table import read_dropped
 
@@ -152,22 +151,24 @@ def _write_cohort_files(
 ) -> None:
     slides = results / "slides"
     table.to_csv(outputs.path(results / "cohort.tsv"), sep="\t", index=False)
-    outputs.path(results / "cohort.html").write_text(cohort_html(table, results))
     first = table[table["model"] == models[0]] if models else table
-    write_gallery(first, slides, outputs.path(results / "cohort_gallery.jpg"))
-    maps = outputs.path(results / "embedding_maps.jpg")
+    pictures = {name: outputs.path(results / name) for name in COHORT_PICTURES}
+    write_gallery(first, slides, pictures["cohort_gallery.jpg"])
     done = first[first["status"] == "done"]
-    write_gallery(done, slides, maps, (str(Path(models[0] if models else "", EMBEDDING_MAP)),))
+    maps = (str(Path(models[0] if models else "", EMBEDDING_MAP)),)
+    write_gallery(done, slides, pictures["embedding_maps.jpg"], maps)
     features = gather_slide_features(
         table[table["status"] == "done"], slides, outputs.path(results / SLIDE_FEATURES)
     )
     if models:
         features = features[features["model_key"] == models[0]]
-    draw_cohort_projection(features, outputs.path(results / "slide_features_pca.png"))
+    draw_cohort_projection(features, pictures["slide_features_pca.png"])
     heads = table[table["status"] == "done"]
     if models:
         heads = heads[heads["model"] == head_model]
     gather_slide_predictions(heads, slides, outputs.path(results / "slide_predictions.tsv"))
+    pictures = {name: path for name, path in pictures.items() if path.is_file()}
+    outputs.path(results / "cohort.html").write_text(cohort_page(table, results, pictures))
 
 
 def write_cohort_slides(slide_ids: list[str], path: Path) -> None:
@@ -184,56 +185,3 @@ def failed_slides(summary: str | Path) -> set[str]:
     except FileNotFoundError:
         return set()
     return set(table.loc[table["status"] == "failed", "slide_id"])
-
-
-def cohort_html(table: pd.DataFrame, results: Path) -> str:
-    """The table as a page that links each slide's QC pictures where they exist."""
-    done = table[table["status"] == "done"]
-    rows = "slide-model pairs" if "model" in table else "slides"
-    totals = (
-        f"{len(done)} of {len(table)} {rows} done, {int(done['tiles'].sum())} tiles in "
-        f"{done['wall_s'].sum():.1f} s of embedding"
-    )
-    unused = [column for column in DROPPED if table.get(column, pd.Series()).isna().all()]
-    shown = table.drop(columns=unused, errors="ignore")
-    shown = shown.map(lambda v: escape(str(v)) if isinstance(v, str) else v)
-    models = table["model"] if "model" in table else [""] * len(table)
-    shown["pictures"] = [
-        picture_links(results, slide_id, model)
-        for slide_id, model in zip(table["slide_id"], models, strict=True)
-    ]
-    headers = {"slide_id": "slide", "wall_s": "seconds", "tiles_per_s": "tiles/s"}
-    headers |= {"loader_wait_fraction": "loader wait", "dropped_pen": "dropped (pen)"}
-    headers["model_busy_fraction"] = "device busy"
-    headers["dropped_focus"] = "dropped (focus)"
-    rows = shown.rename(columns=headers).to_html(
-        index=False, na_rep="", float_format=lambda v: f"{v:.3g}", border=0, escape=False
-    )
-    return _PAGE.format(totals=totals, table=rows)
-
-
-def picture_links(results: Path, slide_id: str, model: str = "") -> str:
-    """Links, relative to results/, to the slide's (and its model's) QC pictures that are
-    on disk."""
-    names = {name: name[3:-4] for name in QC_PICTURES}
-    for name, label in ((EMBEDDING_MAP, "embedding map"), ("heatmaps.png", "heatmaps")):
-        names[f"{model}/{name}" if model else name] = label
-    return " ".join(
-        f'<a href="slides/{quote(slide_id)}/{quote(name)}">{label}</a>'
-        for name, label in names.items()
-        if (results / "slides" / slide_id / name).is_file()
-    )
-
-
-_PAGE = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>slidesnake cohort</title>
-<style>
-body {{ font-family: sans-serif; margin: 1.5em; }}
-table {{ border-collapse: collapse; }}
-th, td {{ padding: 0.3em 0.8em; text-align: right; border-bottom: 1px solid #ddd; }}
-th:first-child, td:first-child, td:nth-child(3) {{ text-align: left; }}
-</style></head>
-<body><h1>Cohort</h1><p>{totals}</p>
-{table}
-</body></html>
-"""

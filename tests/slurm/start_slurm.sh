@@ -130,8 +130,11 @@ if [ "$(cat /etc/slurm/slurm.conf 2>/dev/null)" != "$new_conf" ]; then
   printf '%s\n' "$new_conf" > /etc/slurm/slurm.conf; conf_changed=1
 fi
 if [ "$NGPUS" -gt 0 ]; then
-  # fake GPUs: a File= is required, else slurmd reports 0 GPUs and the node is INVALID
-  gres=""; for ((i = 0; i < NGPUS; i++)); do gres+="NodeName=$NODE Name=gpu File=/dev/null"$'\n'; done
+  # fake GPUs: a File= is required, else slurmd reports 0 GPUs and the node is INVALID;
+  # one device file each (slurmd refuses a file named twice), up to five
+  devices=(/dev/null /dev/zero /dev/full /dev/random /dev/urandom)
+  [ "$NGPUS" -le "${#devices[@]}" ] || die "SLURM_CI_GPUS=$NGPUS: at most ${#devices[@]} fake GPUs"
+  gres=""; for ((i = 0; i < NGPUS; i++)); do gres+="NodeName=$NODE Name=gpu File=${devices[$i]}"$'\n'; done
   [ "$(cat /etc/slurm/gres.conf 2>/dev/null)"$'\n' = "$gres" ] || { printf '%s' "$gres" > /etc/slurm/gres.conf; conf_changed=1; }
 else
   [ -e /etc/slurm/gres.conf ] && { rm -f /etc/slurm/gres.conf; conf_changed=1; }

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -90,6 +91,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     bench.add_argument("--json", type=Path, help="also write the results here")
     _add_model_arguments(bench, bench=True)
+
+    status = commands.add_parser("status", help="a cohort's state while it runs; its page")
+    status.add_argument("results", nargs="?", default="results", type=Path)
+    status.add_argument("--watch", type=float, nargs="?", const=30.0, metavar="SECONDS",
+                        help="again every SECONDS (30) until the run ends")  # fmt: skip
+    status.add_argument("--configfile", type=Path, nargs="+", help="over config/config.yaml")
 
     _add_weights_commands(commands)
     doctor = commands.add_parser("doctor", help="check what a run needs, one line each")
@@ -273,6 +280,26 @@ def _weights_table(entries: list) -> list[str]:
     return lines
 
 
+def _status(args: argparse.Namespace) -> None:
+    """Print the cohort's state and rewrite its page, once or until the run ends."""
+    from slidesnake.cohort.run_state import run_state, write_live_page
+    from slidesnake.cohort.samples import read_sample_sheet
+    from slidesnake.doctor import load_config
+
+    workdir = args.results.resolve().parent
+    own = workdir / "config" / "config.yaml"
+    config = load_config([*([own] if own.is_file() else []), *(args.configfile or [])])
+    sheet = read_sample_sheet(workdir / config["samples"], workdir)
+    while True:
+        state = run_state(workdir, list(sheet.index), list(config.get("models") or {}))
+        print("\n".join(state.lines()), flush=True)
+        print(f"page: {write_live_page(state, workdir / 'results')}", flush=True)
+        if args.watch is None or not state.live:
+            return
+        time.sleep(args.watch)
+        print(flush=True)
+
+
 def _export_h5(args: argparse.Namespace) -> None:
     from slidesnake.embed.store import export_h5
 
@@ -356,4 +383,5 @@ _COMMANDS = {
     "bench": _bench,
     "weights": _weights,
     "doctor": _doctor,
+    "status": _status,
 }

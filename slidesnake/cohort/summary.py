@@ -40,17 +40,26 @@ COLUMNS = ["slide_id", "status", "reason", "tiles", *DROPPED, "wall_s", "tiles_p
 MODEL_COLUMNS = ["model_s", "model_tiles_per_s"]
 # The line of a model that failed in a job of several (embed.model_list)
 MODEL_FAILED = re.compile(r"model '([^']+)' failed: ")
+RUNNING = "running"  # failure_in_run's answer for a job still writing its log
 
 
 def slide_status(
-    slide_id: str, results: Path, logs: Path, since: float | None = None, model: str = ""
+    slide_id: str,
+    results: Path,
+    logs: Path,
+    since: float | None = None,
+    model: str = "",
+    live: bool = False,
 ) -> dict[str, object]:
-    """One row of the summary: 'done' with its metrics, 'failed' with why, or 'pending';
-    for one `model` key of `models:`, from that model's outputs and jobs.
+    """One row of the summary: 'done' with its metrics, 'failed' with why, 'running' (in a
+    `live` run: a job of this run whose log has not ended) or 'pending'; for one `model`
+    key of `models:`, from that model's outputs and jobs.
 
     `since` is when this run started; without it, only the outputs on disk count."""
     row: dict[str, object] = {"slide_id": slide_id, **({"model": model} if model else {})}
-    reason = failure_in_run(logs / slide_id, since, model) if since is not None else ""
+    reason = failure_in_run(logs / slide_id, since, model, live) if since is not None else ""
+    if reason == RUNNING:
+        return row | {"status": "running", "reason": ""}
     if reason:
         return row | {"status": "failed", "reason": reason}
     outputs = results / slide_id / model
@@ -66,14 +75,18 @@ def slide_status(
     return row | {"status": "pending", "reason": waits if kept.metrics.is_file() else ""}
 
 
-def failure_in_run(log_dir: Path, since: float, model: str = "") -> str:
+def failure_in_run(log_dir: Path, since: float, model: str = "", live: bool = False) -> str:
     """Why a job of this slide (and of its `model`) failed in the run started at `since`,
-    or '' if none did. The embedding job of a model list names each model that failed on
-    a line of its own: the others did not fail there."""
+    or '' if none did; RUNNING for a job whose log has not ended in a `live` run. The
+    embedding job of a model list names each model that failed on a line of its own: the
+    others did not fail there."""
     # An empty log is a job that never started: Snakemake creates the logs of a SLURM
     # group's jobs up front, and stops the group at its first failure.
     found = [*log_dir.glob("*.log"), *((log_dir / model).glob("*.log") if model else [])]
-    logs = [log for log in found if log.stat().st_mtime >= since and log.stat().st_size > 0]
+    logs = [log for log in found if log.stat().st_mtime >= since]
+    if live and any(log.stat().st_size == 0 for log in logs):
+        return RUNNING  # a job that has not written its first line yet
+    logs = [log for log in logs if log.stat().st_size > 0]
     for log in sorted(logs, key=lambda p: p.stat().st_mtime):
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if " ERROR " in line]
@@ -83,7 +96,7 @@ def failure_in_run(log_dir: Path, since: float, model: str = "") -> str:
             if reason:
                 return reason.split(": ", 1)[-1]
         elif not lines or not lines[-1].endswith(JOB_DONE):
-            return f"{log.stem} stopped without a result (killed?); see {log}"
+            return RUNNING if live else f"{log.stem} stopped without a result (killed?); see {log}"
     return ""
 
 
@@ -93,12 +106,13 @@ def cohort_table(
     logs: str | Path,
     since: float | None = None,
     models: Iterable[str] = (),
+    live: bool = False,
 ) -> pd.DataFrame:
     """One row per slide, in sheet order, with the COLUMNS; with `models` (the keys of
     `models:`), one row per slide and model, with a model column."""
     keys = list(models) or [""]
     rows = [
-        slide_status(slide_id, Path(results), Path(logs), since, key)
+        slide_status(slide_id, Path(results), Path(logs), since, key, live)
         for slide_id in slide_ids
         for key in keys
     ]

@@ -7,9 +7,14 @@ the cheap stages (masking and tiling) on `--real` slides, the cohort summary and
 over the cores); resuming it (the same command again: what Snakemake re-checks when every
 slide is done); the summary's time at that size and at 10 times it; and the report's time
 and size. Printed per slide,
-with how each grows from 1,000 to 10,000 (the ratio; linear is 10).
+with how each grows from 1,000 to 10,000 (the ratio; linear is 10). Then the cohort page
+of `--page` slides (10,000): three slides embedded for real, the rest links to their
+outputs and logs (one in a hundred failed), the summary that writes the page, its size,
+its open in headless Chromium (the page's own time to a usable table, and the browser's
+whole run), and `slidesnake status` on it.
 
     python benchmarks/cohort_scaling.py [--sizes 100 1000 10000] [--real 1000] [--cores 2]
+        [--page 10000]
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--real", type=int, default=1000, help="slides of the real run; 0: none")
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--page", type=int, default=10000, help="slides of the page; 0: none")
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "slidesnake-scaling"
     )
@@ -107,6 +113,8 @@ def main() -> None:
 
     if args.real:
         real_run(args.workdir, slide, args.real, args.cores)
+    if args.page:
+        page_run(args.workdir, slide, args.page)
 
 
 def real_run(directory: Path, slide: Path, size: int, cores: int) -> None:
@@ -148,6 +156,56 @@ def summary_s(workdir: Path, size: int, scale: int) -> float:
     # since=0: every job's log counts as this run's, so every log is read (the worst case)
     write_cohort_summary(ids, workdir / "results", workdir / "logs" / "slides", 0.0)
     return time.perf_counter() - started
+
+
+def page_run(directory: Path, slide: Path, size: int, real: int = 3) -> None:
+    """The cohort page of `size` slides, and `slidesnake status` on them."""
+    workdir = cohort(directory, slide, real)
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config["model"] |= {"name": "timm:vit_tiny_patch16_224", "precision": "fp32"}
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    snakemake(workdir, "--cores", "2")
+    workdir = cohort(directory, slide, size)  # the same folder names, `size` rows
+    for i in range(real, size):
+        for tree in ("results/slides", "logs/slides"):
+            link = workdir / tree / f"s{i:05d}"
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(directory / f"cohort-{real}" / tree / f"s{i % real:05d}")
+    for i in range(real, size, 100):  # one slide in a hundred failed in this run
+        log = workdir / "logs" / "slides" / f"s{i:05d}"
+        log.unlink()
+        log.mkdir()
+        (log / "embed_tiles.log").write_text(
+            "2026-01-01 00:00:00,000 ERROR slidesnake: slide 's': the tile at (0, 0) could "
+            "not be decoded. Fix: re-export the slide\n"
+        )
+    ids = [f"s{i:05d}" for i in range(size)]
+    started = time.perf_counter()
+    write_cohort_summary(ids, workdir / "results", workdir / "logs" / "slides", 0.0)
+    summary = time.perf_counter() - started
+    page = workdir / "results" / "cohort.html"
+    print(f"cohort page of {size} slides: summary {summary:.1f} s, "
+          f"page {page.stat().st_size / 1e6:.1f} MB")  # fmt: skip
+    for attempt in (1, 2):  # the first opens a cold browser
+        wall, ready_ms = open_in_chromium(page)
+        print(f"  opened in headless Chromium ({attempt}): table usable {ready_ms / 1000:.2f} s "
+              f"after navigation; the browser's whole run {wall:.1f} s")  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "slidesnake", "status", str(workdir / "results")],
+                   check=True, capture_output=True)  # fmt: skip
+    print(f"  slidesnake status: {time.perf_counter() - started:.1f} s")
+
+
+def open_in_chromium(page: Path) -> tuple[float, float]:
+    """(wall s of a headless Chromium that loads `page` and dumps its DOM, ms from
+    navigation to the page's table drawn and its filters live)."""
+    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+               "--virtual-time-budget=30000", "--dump-dom", page.as_uri()]  # fmt: skip
+    started = time.perf_counter()
+    dom = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - started
+    return wall, float(dom.split('data-ready-ms="')[1].split('"')[0])
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
+import pandas as pd
 import pytest
 from browser import rendered, require_chromium, screenshot
 from conftest import Workflow
 
 from slidesnake.cohort.demo import write_demo_slides
+from slidesnake.cohort.page import cohort_page
 
 pytestmark = pytest.mark.workflow
 
@@ -53,7 +55,7 @@ def test_the_page_shows_the_failure_first_its_reason_and_the_pictures_inline(res
     assert sorted(rows(dom)) == [
         ("done", "demo-20x"), ("done", "demo-40x"), ("done", "demo-no-mpp"), ("failed", "broken")
     ]  # fmt: skip
-    thumbnails = re.findall(r'<img loading="lazy" src="(slides/[^"]+)"', dom)
+    thumbnails = re.findall(r'<img loading="lazy"[^>]* src="(slides/[^"]+)"', dom)
     assert len(thumbnails) == 9  # mask, tiles and embedding map of each done slide
     assert all((results / unquote(name)).is_file() for name in thumbnails)
     assert "3</b> of 4 slides done" in dom and "the run had finished" in dom
@@ -71,6 +73,20 @@ def test_the_address_filters_and_sorts_the_table(results):
     assert [slide for _, slide in rows(dom)] == ["demo-no-mpp", "demo-20x", "demo-40x"]
     dom, _ = rendered(page + "#sort=-tiles&status=done")
     assert [slide for _, slide in rows(dom)] == ["demo-40x", "demo-20x", "demo-no-mpp"]
+
+
+def test_a_large_cohort_is_drawn_500_rows_at_a_time(tmp_path):
+    require_chromium()
+    ids = [f"s{i:04d}" for i in range(1200)]
+    table = pd.DataFrame({"slide_id": ids, "status": "done", "tiles": range(1200),
+                          "wall_s": 1.0, "loader_wait_fraction": 0.0})  # fmt: skip
+    (tmp_path / "cohort.html").write_text(cohort_page(table, tmp_path, {}))
+    dom, console = rendered((tmp_path / "cohort.html").as_uri() + "#sort=-tiles")
+    assert len(rows(dom)) == 500 and rows(dom)[0] == ("done", "s1199") and not console
+    assert "1200 of 1200 rows, the first 500 shown" in dom
+    assert '<button id="more">' in dom  # not hidden
+    dom, _ = rendered((tmp_path / "cohort.html").as_uri() + "#text=s11")
+    assert len(rows(dom)) == 100 and '<button id="more" hidden="">' in dom
 
 
 def test_an_error_in_a_page_is_seen(tmp_path):

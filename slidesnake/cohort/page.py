@@ -3,8 +3,9 @@
 Its style, script and the cohort's three pictures (the QC contact sheet, the embedding
 maps, the slide-feature projection) are inside it; each slide's own pictures are linked
 (relative to results/) as lazily loaded thumbnails, so the page stays a few MB at 10,000
-slides. The table is data the script renders: it sorts by any column and filters by
-status, text and model; the filters and the order are kept in the address
+slides. The table is data the script draws, 500 rows at a time (10,000 rows of thumbnails
+are more than a browser lays out quickly): it sorts by any column and filters by status,
+text and model; the filters and the order are kept in the address
 (`cohort.html#status=failed`, `#sort=-tiles`) and applied on load, so a link can point
 at the failures.
 """
@@ -138,7 +139,7 @@ th, td {{ padding: 0.25em 0.6em; border-bottom: 1px solid #e4e4e4; text-align: r
 td.text, th.text {{ text-align: left; }}
 tr.failed td {{ background: #fdecec; }} tr.running td {{ background: #eef4fd; }}
 td.pictures {{ white-space: nowrap; text-align: left; }}
-td img {{ height: 64px; margin-right: 2px; }}
+td img {{ width: 86px; height: 64px; object-fit: contain; margin-right: 2px; }}
 </style></head>
 <body>
 <h1>Cohort</h1>
@@ -157,6 +158,7 @@ td img {{ height: 64px; margin-right: 2px; }}
 <span id="shown"></span>
 </div>
 <table id="slides"><thead></thead><tbody></tbody></table>
+<p><button id="more" hidden>Show more</button></p>
 <script type="application/json" id="rows">{rows}</script>
 <script type="application/json" id="columns">{columns}</script>
 <script>{script}</script>
@@ -173,6 +175,8 @@ const columns = JSON.parse(document.getElementById("columns").textContent);
 const text = new Set(["slide_id", "model", "status", "reason"]);
 const filters = ["status", "text", "model"].map((id) => document.getElementById(id));
 let order = { column: null, up: true };
+const PAGE_ROWS = 500;
+let limit = PAGE_ROWS;
 
 function esc(value) {
   return String(value).replace(/[&<>"']/g, (c) => "&#" + c.charCodeAt(0) + ";");
@@ -187,7 +191,8 @@ function pictures(row) {
   const base = "slides/" + encodeURIComponent(row.slide_id) + "/";
   return row.pictures.map((name) => {
     const href = base + name.split("/").map(encodeURIComponent).join("/");
-    const img = '<img loading="lazy" src="' + href + '" alt="' + esc(name) + '">';
+    const img = '<img loading="lazy" width="86" height="64" src="' + href + '" alt="' +
+      esc(name) + '">';
     return '<a href="' + href + '">' + img + "</a>";
   }).join("");
 }
@@ -206,12 +211,15 @@ function sorted(shown) {
   return shown.slice().sort((a, b) => (key(a) < key(b) ? -sign : key(a) > key(b) ? sign : 0));
 }
 function render() {
-  const shown = sorted(rows.filter(matches));
+  const matching = sorted(rows.filter(matches));
+  const shown = matching.slice(0, limit);
   document.querySelector("#slides tbody").innerHTML = shown.map((row) =>
     '<tr class="' + esc(row.status) + '">' + columns.map(([c]) =>
       '<td class="' + (text.has(c) ? "text" : "") + '">' + cell(row, c) + "</td>").join("") +
     '<td class="pictures">' + pictures(row) + "</td></tr>").join("");
-  document.getElementById("shown").textContent = shown.length + " of " + rows.length + " rows";
+  document.getElementById("shown").textContent = matching.length + " of " + rows.length +
+    " rows" + (matching.length > limit ? ", the first " + limit + " shown" : "");
+  document.getElementById("more").hidden = matching.length <= limit;
   const hash = new URLSearchParams();
   filters.forEach((f) => { if (f.value) hash.set(f.id, f.value); });
   if (order.column !== null) hash.set("sort", (order.up ? "" : "-") + order.column);
@@ -240,8 +248,10 @@ models.forEach((m) => modelFilter.add(new Option(m, m)));
 if (!models.length) document.getElementById("model-filter").hidden = true;
 header();
 fromAddress();
-filters.forEach((f) => f.addEventListener("input", render));
+filters.forEach((f) => f.addEventListener("input", () => { limit = PAGE_ROWS; render(); }));
+document.getElementById("more").addEventListener("click", () => { limit += PAGE_ROWS; render(); });
 window.addEventListener("hashchange", () => { fromAddress(); render(); });
 render();
 document.body.dataset.ready = "yes";
+document.body.dataset.readyMs = Math.round(performance.now());
 """

@@ -166,12 +166,13 @@ def page_run(directory: Path, slide: Path, size: int, real: int = 3) -> None:
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     snakemake(workdir, "--cores", "2")
     workdir = cohort(directory, slide, size)  # the same folder names, `size` rows
-    for i in range(real, size):
+    for earlier in ("results", "logs"):
+        shutil.rmtree(workdir / earlier, ignore_errors=True)  # links, not what they name
+    for i in range(size):
         for tree in ("results/slides", "logs/slides"):
             link = workdir / tree / f"s{i:05d}"
-            if not link.is_symlink():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(directory / f"cohort-{real}" / tree / f"s{i % real:05d}")
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(directory / f"cohort-{real}" / tree / f"s{i % real:05d}")
     for i in range(real, size, 100):  # one slide in a hundred failed in this run
         log = workdir / "logs" / "slides" / f"s{i:05d}"
         log.unlink()

@@ -279,16 +279,18 @@ class _Job:
         for key, run in runs.items():
             named = f"model {key}:" if self.listed else "model"
             log.info("slide '%s': %s %s", self.slide_id, named, run.describe())
+        read = f"read once for models {', '.join(runs)}" if self.listed else "read"
         log.info(
-            "slide '%s': %d tiles read once for models %s on %s (CUDA_VISIBLE_DEVICES=%s), "
-            "%d loader workers, batch %d",
-            self.slide_id, len(self.coords), ", ".join(runs), self.device or "cpu",
+            "slide '%s': %d tiles %s on %s (CUDA_VISIBLE_DEVICES=%s), %d loader workers, "
+            "batch %d",
+            self.slide_id, len(self.coords), read, self.device or "cpu",
             os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), self.loader.workers, self.batch_size,
         )  # fmt: skip
 
     def _log_done(self, timings: dict, metrics: dict[str, dict]) -> None:
         tiles, wall = len(self.coords), max(timings["wall_s"], 1e-9)
         each = ", ".join(f"{key} {m['model_s']:.1f} s" for key, m in metrics.items())
+        each = each if self.listed else f"{next(iter(metrics.values()))['model_s']:.1f} s"
         log.info(
             "slide '%s': %d tiles in %.1f s, %.1f tiles/s, %d compressed tiles decoded once "
             "(model time: %s), loader wait %.0f%%; start-up %.1f s, whole job %.1f s",

@@ -282,9 +282,9 @@ def _weights_table(entries: list) -> list[str]:
 
 def _status(args: argparse.Namespace) -> None:
     """Print the cohort's state and rewrite its page, once or until the run ends."""
+    from slidesnake.cohort.config import load_config
     from slidesnake.cohort.run_state import run_state, write_live_page
     from slidesnake.cohort.samples import read_sample_sheet
-    from slidesnake.doctor import load_config
 
     workdir = args.results.resolve().parent
     own = workdir / "config" / "config.yaml"

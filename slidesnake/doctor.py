@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from packaging.requirements import Requirement
 
-from slidesnake.cohort.config import check_config, typed_sections, whole_numbers, with_defaults
+from slidesnake.cohort.config import load_config
 from slidesnake.cohort.samples import read_sample_sheet
 from slidesnake.errors import SlidesnakeError, StoreTimeoutError
 from slidesnake.models.checkpoints import HUB_FILES, is_program
@@ -38,7 +38,6 @@ from slidesnake.slides import stores
 from slidesnake.slides.slide import Slide
 
 Status = Literal["OK", "NOTE", "FAIL"]
-REPO = Path(__file__).resolve().parents[1]
 MIN_PYTHON = (3, 11)
 # What a slide writes besides its embeddings: masks, QC pictures, tables, map, metrics.
 PICTURES_BYTES = 3 << 20
@@ -262,18 +261,6 @@ def _slurm_finding(sinfo: str) -> Finding:
         )
     partitions = ", ".join(line.split()[0] for line in answer.stdout.splitlines() if line.strip())
     return Finding("OK", "slurm", f"partitions: {partitions or 'none'}")
-
-
-def load_config(configfiles: list[Path]) -> dict[str, Any]:
-    """The run's config as the workflow makes it: the files given, over the defaults."""
-    config: dict[str, Any] = {}
-    for path in configfiles:
-        config.update(yaml.safe_load(path.read_text()) or {})
-    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    config = with_defaults(typed_sections(config, schema), defaults)
-    check_config(config, schema)
-    return whole_numbers(config, schema)
 
 
 def run_checks(checks: dict[str, Callable[[], list[Finding]]]) -> list[Finding]:

@@ -19,6 +19,7 @@ from conftest import TEST_MODEL, write_sheet
 from safetensors.torch import save_file
 
 from slidesnake import doctor
+from slidesnake.cohort.config import load_config
 from slidesnake.models.embedder import build_network
 from slidesnake.models.registry import model_spec
 
@@ -36,7 +37,7 @@ def project(tmp_path, rect_slide, monkeypatch) -> Path:
 def config_with(project: Path, **sections) -> dict:
     path = project / "config" / "run.yaml"
     path.write_text(yaml.safe_dump(sections))
-    return doctor.load_config([project / "config" / "config.yaml", path])
+    return load_config([project / "config" / "config.yaml", path])
 
 
 def only(findings: list[doctor.Finding]) -> doctor.Finding:

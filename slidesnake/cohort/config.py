@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,6 +21,9 @@ import yaml
 
 from slidesnake.errors import ConfigError
 from slidesnake.side_files import MAX_BYTES, side_file_problem
+
+# The checkout: its config/config.yaml holds the defaults, its workflow/schemas the schema.
+REPO = Path(__file__).resolve().parents[2]
 
 Schema = dict[str, Any]
 
@@ -224,3 +228,15 @@ def check_config_files(config: dict[str, Any]) -> None:
             problems.append(f"{section}.{key}: {path} {problem}; correct the path")
     if problems:
         raise ConfigError("config:\n  " + "\n  ".join(problems))
+
+
+def load_config(configfiles: list[Path]) -> dict[str, Any]:
+    """The run's config as the workflow makes it: the files given, over the defaults."""
+    config: dict[str, Any] = {}
+    for path in configfiles:
+        config.update(yaml.safe_load(path.read_text()) or {})
+    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    config = with_defaults(typed_sections(config, schema), defaults)
+    check_config(config, schema)
+    return whole_numbers(config, schema)

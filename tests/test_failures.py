@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -85,8 +86,10 @@ def assert_report_lists(workflow, failed: list[str]) -> None:
     report = (workflow.dir / "report.html").read_text()
     embedded = re.search(r"filename=cohort\.html;base64,([A-Za-z0-9+/=]+)", report)
     cohort = base64.b64decode(embedded.group(1)).decode()
+    rows = cohort.split('<script type="application/json" id="rows">')[1].split("</script>")[0]
+    statuses = {row["slide_id"]: row["status"] for row in json.loads(rows)}
     for slide_id in failed:
-        assert f"<td>{slide_id}</td>\n      <td>failed</td>" in cohort
+        assert statuses[slide_id] == "failed" and f"<li><b>{slide_id}</b>: " in cohort
     assert "filename=cohort_gallery.jpg" in report
     assert "filename=qc_tiles.png" not in report  # per-slide pictures stay on disk
 

@@ -92,8 +92,7 @@ def _columns(table: pd.DataFrame) -> list[list[str]]:
 
 def _row(record: dict, results: Path) -> dict:
     """A table row as the script reads it: no NaN, and the slide's pictures on disk."""
-    row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}
-    row = {k: (None if v is pd.NA else v) for k, v in row.items()}
+    row = {k: None if v is pd.NA or v != v else v for k, v in record.items()}  # NaN != NaN
     folder = results / "slides" / str(row["slide_id"])
     model = str(row.get("model") or "")
     names = [*QC_PICTURES, f"{model}/{EMBEDDING_MAP}" if model else EMBEDDING_MAP]
